@@ -1,0 +1,13 @@
+"""The coach: scores every action 0-10 from its context. Imports no torch."""
+
+from mappa.coach.base import CoachBackend, CoachContext, build_context, score_episodes
+from mappa.coach.parse import ParsedScore, parse_score
+
+__all__ = [
+    "CoachBackend",
+    "CoachContext",
+    "ParsedScore",
+    "build_context",
+    "parse_score",
+    "score_episodes",
+]

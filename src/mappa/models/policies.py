@@ -1,0 +1,223 @@
+"""AgentPolicies: one frozen base model plus one LoRA adapter per agent.
+
+Each agent has its own trainable weights (DESIGN.md §1) but they share the base in
+memory; the reference policy for the KL penalty is the same base with adapters disabled,
+so no second copy of the model is ever held. Generation is a plain sampling loop rather
+than ``generate()`` so the log-probability of every sampled token is exactly that of the
+distribution it was drawn from (temperature only; no hidden top-k/top-p warpers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mappa.config import LoraConfig as LoraSettings
+from mappa.models.sample import Sample
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad token lists: (ids, attention mask, position ids), every row ending at the last column.
+
+    Generation, training log-probs and the local coach all use this one layout, so a token's
+    position ids (and hence its log-prob) are the same wherever it is computed.
+    """
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, s in enumerate(seqs):
+        if s:
+            ids[row, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
+            mask[row, width - len(s) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids.to(device), mask.to(device), positions.to(device)
+
+
+def _stop_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(gen_eos)
+    return {i for i in ids if i is not None}
+
+
+class AgentPolicies:
+    """All agents' policies over one base model.
+
+    Args:
+        base: a frozen ``PreTrainedModel`` (see ``mappa.models.loading.load_base``).
+        tokenizer: its tokenizer (with a chat template and a pad token).
+        agents: agent names; each gets its own adapter named after it.
+        lora: adapter hyper-parameters.
+        adapters_dir: if given, load each agent's saved adapter from ``adapters_dir/<agent>``.
+    """
+
+    def __init__(
+        self,
+        base: Any,
+        tokenizer: Any,
+        agents: Sequence[str],
+        lora: LoraSettings,
+        adapters_dir: Path | None = None,
+    ) -> None:
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        self.tokenizer = tokenizer
+        self.agents = list(agents)
+        self.device = next(base.parameters()).device
+        self.stop_ids = _stop_ids(base, tokenizer)
+        if adapters_dir is not None:
+            first, *rest = self.agents
+            self.model = PeftModel.from_pretrained(
+                base, adapters_dir / first, adapter_name=first, is_trainable=True
+            )
+            for name in rest:
+                self.model.load_adapter(adapters_dir / name, adapter_name=name, is_trainable=True)
+        else:
+            peft_cfg = LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            )
+            self.model = get_peft_model(base, peft_cfg, adapter_name=self.agents[0])
+            for name in self.agents[1:]:
+                self.model.add_adapter(name, peft_cfg)
+        self.model.eval()
+
+    # ----------------------------------------------------------------- parameters
+    def adapter_parameters(self, agent: str) -> list[torch.nn.Parameter]:
+        """The trainable tensors of one agent (its LoRA matrices), nothing else."""
+        params = [p for n, p in self.model.named_parameters() if f".{agent}." in n and "lora_" in n]
+        if not params:
+            raise KeyError(f"no adapter parameters for agent {agent!r}")
+        return params
+
+    def base_parameters(self) -> dict[str, torch.Tensor]:
+        return {n: p for n, p in self.model.named_parameters() if "lora_" not in n}
+
+    @contextmanager
+    def use(self, agent: str | None) -> Iterator[None]:
+        """Activate one agent's adapter, or the frozen reference (``None``: adapters off)."""
+        if agent is None:
+            with self.model.disable_adapter():
+                yield
+            return
+        if agent not in self.agents:
+            raise KeyError(f"unknown agent {agent!r}; have {self.agents}")
+        self.model.set_adapter(agent)
+        for p in self.adapter_parameters(agent):
+            p.requires_grad_(True)
+        yield
+
+    # ----------------------------------------------------------------- sampling
+    @torch.no_grad()
+    def generate(
+        self,
+        agent: str | None,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        batch_size: int = 8,
+        greedy: bool = False,
+    ) -> list[Sample]:
+        """Sample one completion per prompt; returns the ids and their sampling log-probs."""
+        out: list[Sample] = []
+        with self.use(agent):
+            for i in range(0, len(prompts), batch_size):
+                out.extend(
+                    self._generate_batch(prompts[i : i + batch_size], max_new_tokens, temperature, greedy)
+                )
+        return out
+
+    def _generate_batch(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, greedy: bool
+    ) -> list[Sample]:
+        pad = self.tokenizer.pad_token_id
+        ids, mask, positions = left_pad(prompts, pad, self.device)
+        stop = torch.tensor(sorted(self.stop_ids), device=self.device)
+
+        tokens: list[torch.Tensor] = []
+        logps: list[torch.Tensor] = []
+        done = torch.zeros(len(prompts), dtype=torch.bool, device=self.device)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        next_pos = positions[:, -1:] + 1
+        for _ in range(max_new_tokens):
+            logp = F.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
+            if greedy:
+                tok = logp.argmax(-1)
+            else:
+                tok = torch.multinomial(logp.exp(), 1).squeeze(-1)
+            tok = torch.where(done, torch.full_like(tok, pad), tok)
+            tokens.append(tok)
+            logps.append(logp.gather(-1, tok[:, None]).squeeze(-1))
+            done = done | torch.isin(tok, stop)
+            if bool(done.all()):
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+            out = self.model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=next_pos,
+                cache=out.cache,
+                use_cache=True,
+            )
+            next_pos = next_pos + 1
+
+        tok_mat = torch.stack(tokens, dim=1).tolist()
+        logp_mat = torch.stack(logps, dim=1).tolist()
+        samples = []
+        for row, p in enumerate(prompts):
+            seq, lp = tok_mat[row], logp_mat[row]
+            end = next((j for j, t in enumerate(seq) if t in self.stop_ids), None)
+            n = len(seq) if end is None else end + 1  # keep the stop token: it was sampled
+            samples.append(Sample(list(p), seq[:n], lp[:n], truncated=end is None))
+        return samples
+
+    # ----------------------------------------------------------------- scoring
+    def completion_logprobs(
+        self,
+        agent: str | None,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """Log-probs of each completion token, right-padded to ``(B, max_completion_len)``.
+
+        Differentiable when called with grad enabled; use ``agent=None`` for the reference.
+        Only completion positions are projected to log-probs, bounding memory by B x T_c x V.
+        """
+        seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+        tc = max(len(c) for c in completion_ids)
+        ids, mask, positions = left_pad(seqs, self.tokenizer.pad_token_id, self.device)
+        with self.use(agent):
+            # Left padding puts every completion at the end: the last tc+1 positions predict
+            # the last tc tokens, so only those logits are ever materialised.
+            logits = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=tc + 1
+            ).logits[:, :-1]
+        logp = F.log_softmax(logits.float() / temperature, dim=-1)
+        logp = logp.gather(-1, ids[:, -tc:, None]).squeeze(-1)
+        # Move each row's completion (right-aligned) to the left: (B, tc), zero padded.
+        out = torch.zeros_like(logp)
+        for row, c in enumerate(completion_ids):
+            n = len(c)
+            if n:
+                out[row, :n] = logp[row, tc - n :]
+        return out
+
+    # ----------------------------------------------------------------- persistence
+    def save(self, directory: Path) -> dict[str, Path]:
+        """Save each agent's adapter to ``directory/<agent>`` (standard PEFT layout)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for agent in self.agents:
+            self.model.save_pretrained(directory, selected_adapters=[agent])
+        return {agent: directory / agent for agent in self.agents}

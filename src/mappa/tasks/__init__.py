@@ -1,0 +1,5 @@
+"""Task sources (built-in arithmetic, JSON files) and the deterministic answer grader."""
+
+from mappa.tasks.base import Task, load_tasks
+
+__all__ = ["Task", "load_tasks"]

@@ -1,0 +1,211 @@
+"""The training loop: rollout -> coach -> advantages -> per-agent update -> checkpoint.
+
+Episodes are appended to ``<run_dir>/episodes.jsonl`` (with coach scores and exact token
+ids) *before* they are trained on, and one line per step goes to ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from mappa.coach import CoachBackend, score_episodes
+from mappa.config import RunConfig
+from mappa.jsonl import append_jsonl
+from mappa.models.loading import load_base
+from mappa.models.policies import AgentPolicies
+from mappa.rl.update import update_agent
+from mappa.tasks import Task, load_tasks
+from mappa.workflow.chat import ChatFormat
+from mappa.workflow.records import Episode, append_episodes
+from mappa.workflow.runner import PipelineRunner
+
+log = logging.getLogger(__name__)
+
+
+def resolve_run_dir(run_dir: Path) -> Path:
+    """Expand ``{time}`` in the configured run dir; refuse to mix two runs in one dir."""
+    path = Path(str(run_dir).format(time=datetime.now().strftime("%Y%m%d-%H%M%S")))
+    if (path / "metrics.jsonl").exists() or (path / "episodes.jsonl").exists():
+        raise FileExistsError(f"{path} already holds a run; choose another run_dir")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def make_coach(cfg: RunConfig, policies: AgentPolicies) -> CoachBackend:
+    """The configured coach; the default local coach reuses the policy base, adapters off."""
+    if cfg.coach.backend == "http":
+        from mappa.coach.http import HttpCoach
+
+        return HttpCoach(cfg.coach.http)
+    from mappa.coach.local import LocalCoach
+    from mappa.models.scorer import ScoreDistributionModel
+
+    local = cfg.coach.local
+    if local.model_path is None:
+        dist = ScoreDistributionModel(
+            policies.model, policies.tokenizer, local.batch_size, activate=lambda: policies.use(None)
+        )
+    else:
+        model, tokenizer = load_base(local.model_path, cfg.model.dtype, cfg.model.device)
+        dist = ScoreDistributionModel(model, tokenizer, local.batch_size)
+    return LocalCoach(dist)
+
+
+def task_batches(tasks: Sequence[Task], per_step: int, samples: int, seed: int) -> Iterator[list[Task]]:
+    """Endless batches: ``per_step`` distinct tasks (reshuffled each epoch), each repeated."""
+    rng = random.Random(seed)
+    order: list[Task] = []
+    while True:
+        batch: list[Task] = []
+        while len(batch) < per_step:
+            if not order:
+                order = list(tasks)
+                rng.shuffle(order)
+            batch.append(order.pop())
+        yield [t for t in batch for _ in range(samples)]
+
+
+def build_runner(cfg: RunConfig, policies: AgentPolicies, workspace_root: Path) -> PipelineRunner:
+    return PipelineRunner(
+        policies,
+        ChatFormat(policies.tokenizer),
+        cfg.agents,
+        cfg.workflow,
+        cfg.rollout,
+        cfg.sandbox,
+        workspace_root,
+        cfg.coach.observation_chars,
+    )
+
+
+def load_policies(cfg: RunConfig, adapters_dir: Path | None = None) -> AgentPolicies:
+    base, tokenizer = load_base(cfg.model.path, cfg.model.dtype, cfg.model.device)
+    return AgentPolicies(base, tokenizer, [a.name for a in cfg.agents], cfg.model.lora, adapters_dir)
+
+
+def step_metrics(step: int, episodes: list[Episode], agents: Sequence[str]) -> dict[str, Any]:
+    """Per-agent coach scores and outcome accuracy of one rollout batch."""
+    out: dict[str, Any] = {"step": step, "episodes": len(episodes)}
+    graded = [e.correct for e in episodes if e.correct is not None]
+    out["accuracy"] = mean(graded) if graded else None
+    for agent in agents:
+        acts = [a for e in episodes for a in e.agent_actions(agent)]
+        scores = [a.coach.value for a in acts if a.coach is not None and not a.coach.flagged]
+        out[f"coach/{agent}"] = mean(scores) if scores else None
+        out[f"actions/{agent}"] = len(acts)
+        out[f"truncated/{agent}"] = sum(a.truncated for a in acts)
+        out[f"tool_calls/{agent}"] = sum(a.tool_observation is not None for a in acts)
+    out["coach/flagged"] = sum(
+        1 for e in episodes for a in e.actions if a.coach is not None and a.coach.flagged
+    )
+    return out
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
+
+
+def train(cfg: RunConfig) -> Path:
+    """Run ``cfg.train.steps`` MAPPA steps; returns the run directory."""
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    run_dir = resolve_run_dir(cfg.run_dir)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    tasks = load_tasks(cfg.tasks.source, cfg.tasks.num_tasks, cfg.tasks.difficulty, cfg.seed)
+    log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
+
+    policies = load_policies(cfg)
+    coach = make_coach(cfg, policies)
+    runner = build_runner(cfg, policies, run_dir / "workspaces")
+    names = [a.name for a in cfg.agents]
+    roles = {a.name: a.role for a in cfg.agents}
+    params = {n: policies.adapter_parameters(n) for n in names}
+    optimizers = {
+        n: torch.optim.Adam(params[n], lr=cfg.rl.lr, weight_decay=cfg.rl.weight_decay) for n in names
+    }
+    batches = task_batches(tasks, cfg.train.prompts_per_step, cfg.train.samples_per_prompt, cfg.seed)
+
+    for step in tqdm(range(cfg.train.steps), desc="train", unit="step"):
+        t0 = time.monotonic()
+        episodes = runner.run(next(batches), step=step)
+        t_roll = time.monotonic() - t0
+        gen_tokens = sum(len(a.completion_ids) for e in episodes for a in e.actions)
+        score_episodes(
+            coach, episodes, roles, names[-1], cfg.coach.observation_chars, cfg.coach.show_ground_truth
+        )
+        t_coach = time.monotonic() - t0 - t_roll
+        append_episodes(run_dir / "episodes.jsonl", episodes)  # before training on them
+
+        metrics = step_metrics(step, episodes, names)
+        kls = []
+        for name in names:
+            acts = [
+                a for e in episodes for a in e.agent_actions(name)
+                if a.coach is not None and not (cfg.coach.exclude_flagged and a.coach.flagged)
+            ]
+            stats = update_agent(
+                policies, name, acts, [a.reward for a in acts], optimizers[name], params[name],
+                cfg.rl, cfg.rollout.temperature,
+            )
+            metrics.update({f"rl/{name}/{k}": v for k, v in asdict(stats).items()})
+            if stats.tokens:
+                kls.append(stats.mean_kl)
+        metrics.update(
+            mean_kl=mean(kls) if kls else None,
+            rollout_tokens_per_s=gen_tokens / max(t_roll, 1e-9),
+            rollout_s=t_roll,
+            coach_s=t_coach,
+            update_s=time.monotonic() - t0 - t_roll - t_coach,
+        )
+        append_jsonl(run_dir / "metrics.jsonl", [metrics])
+        coach_txt = " ".join(f"{n}={_fmt(metrics[f'coach/{n}'])}" for n in names)
+        tqdm.write(
+            f"step {step}: coach[{coach_txt}] acc={_fmt(metrics['accuracy'])} "
+            f"kl={_fmt(metrics['mean_kl'])} tok/s={metrics['rollout_tokens_per_s']:.1f} "
+            f"flagged={metrics['coach/flagged']}"
+        )
+        if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
+            policies.save(run_dir / "adapters")
+    policies.save(run_dir / "adapters")
+    log.info("adapters saved under %s", run_dir / "adapters")
+    return run_dir
+
+
+def evaluate(
+    cfg: RunConfig, adapters_dir: Path | None, tasks: Sequence[Task], out_dir: Path
+) -> dict[str, Any]:
+    """Greedy pipeline accuracy on ``tasks``, graded deterministically (never by the coach)."""
+    torch.manual_seed(cfg.seed)
+    policies = load_policies(cfg, adapters_dir)
+    runner = build_runner(cfg, policies, out_dir / "eval_workspaces")
+    names = [a.name for a in cfg.agents]
+    episodes: list[Episode] = []
+    bs = max(cfg.rollout.batch_size, 1)
+    for i in tqdm(range(0, len(tasks), bs), desc="eval", unit="batch"):
+        episodes.extend(runner.run(tasks[i : i + bs], step=i // bs, greedy=True))
+    append_episodes(out_dir / "eval_episodes.jsonl", episodes)
+    graded = [e.correct for e in episodes if e.correct is not None]
+    result: dict[str, Any] = {
+        "tasks": len(episodes),
+        "graded": len(graded),
+        "accuracy": mean(graded) if graded else None,
+        "adapters": str(adapters_dir) if adapters_dir else None,
+    }
+    for n in names:
+        acts = [a for e in episodes for a in e.agent_actions(n)]
+        result[f"actions/{n}"] = len(acts)
+        result[f"tool_calls/{n}"] = sum(a.tool_observation is not None for a in acts)
+    append_jsonl(out_dir / "eval.jsonl", [result])
+    return result

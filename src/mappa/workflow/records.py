@@ -1,0 +1,94 @@
+"""Episode and Action records: what was sampled, what ran, how the coach scored it.
+
+These are plain dataclasses with no torch inside, so the coach, the JSONL writer and the
+report can use them without a model. ``prompt_ids + completion_ids`` is exactly the token
+sequence the policy sampled: the trainer trains on these ids and never re-tokenizes text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mappa.jsonl import append_jsonl, read_jsonl
+
+
+@dataclass
+class Score:
+    """The coach's verdict on one action.
+
+    ``flagged`` marks a fallback value (coach unreachable or unparseable): it is recorded but
+    left out of training by default, so a coach outage never pretends to be feedback.
+    """
+
+    value: float
+    rationale: str = ""
+    answer_correct: bool | None = None
+    flagged: bool = False
+    backend: str = ""
+    latency_s: float = 0.0
+    tokens: int = 0
+
+
+@dataclass
+class Action:
+    """One generation of one agent (plus the tool run it triggered, if any)."""
+
+    episode_id: str
+    agent: str
+    turn: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    sample_logprobs: list[float]
+    prompt_text: str
+    completion_text: str
+    truncated: bool
+    tool_observation: str | None = None
+    coach: Score | None = None
+
+    @property
+    def reward(self) -> float:
+        """The action's scalar reward: coach score / 10 (DESIGN.md §1)."""
+        if self.coach is None:
+            raise ValueError(f"action {self.episode_id}/{self.agent}/{self.turn} has no score")
+        return self.coach.value / 10.0
+
+
+@dataclass
+class Episode:
+    """One task run through the whole pipeline."""
+
+    episode_id: str
+    task_id: str
+    task: str
+    answer: str | None
+    step: int = 0
+    actions: list[Action] = field(default_factory=list)
+    workspace: str | None = None
+    final_answer: str | None = None
+    correct: bool | None = None
+
+    def agent_actions(self, agent: str) -> list[Action]:
+        return [a for a in self.actions if a.agent == agent]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Episode:
+        actions = []
+        for a in data.get("actions", []):
+            coach = Score(**a["coach"]) if a.get("coach") else None
+            actions.append(Action(**{**a, "coach": coach}))
+        return Episode(**{**data, "actions": actions})
+
+
+def append_episodes(path: Path, episodes: list[Episode]) -> None:
+    """Append episodes to a JSONL file durably (before they are trained on)."""
+    append_jsonl(path, (e.to_json() for e in episodes))
+
+
+def read_episodes(path: Path) -> list[Episode]:
+    return [Episode.from_dict(row) for row in read_jsonl(path)]

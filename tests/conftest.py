@@ -1,0 +1,89 @@
+"""Shared fixtures. The tiny model is real (a Llama built from a config, random weights,
+with a real BPE tokenizer trained here), so tests exercise the same loading, sampling and
+training code as a run, in seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_CORPUS = [
+    "Ava has 12 apples. Then they get 5 more apples. How many apples does Ava have now?",
+    "```python\nprint(12 + 5)\n```",
+    "The answer is \\boxed{17}.",
+    "You are the Problem Solver. You are the Code Executor. You are the Verifier.",
+    "Code output: 17. PROCESS_SCORE: 7 ANSWER_CORRECT: 1 0 1 2 3 4 5 6 7 8 9 10",
+]
+
+
+def build_tiny_model(directory: Path) -> Path:
+    """Write a tiny random Llama and a trained byte-level BPE tokenizer to ``directory``."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_CORPUS * 20, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = CHATML
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory)
+    fast.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def tiny_run_config(model_dir: Path, run_dir: Path, *overrides: str):  # -> RunConfig
+    """The demo config, shrunk to the tiny model: fast, and every completion trained on."""
+    from mappa.cli import default_config
+    from mappa.config import load_config
+
+    return load_config(
+        default_config(),
+        [
+            f"model.path={model_dir}",
+            f"run_dir={run_dir}",
+            "rollout.max_new_tokens=12",
+            "rollout.max_prompt_tokens=4096",
+            "rl.mask_truncated=false",
+            "rl.lr=0.01",
+            "train.steps=2",
+            "train.prompts_per_step=2",
+            "train.samples_per_prompt=2",
+            "tasks.num_tasks=8",
+            *overrides,
+        ],
+    )

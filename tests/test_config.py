@@ -1,0 +1,85 @@
+"""Config validation: typos and wrong types fail early, naming the file and the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mappa.cli import default_config
+from mappa.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_configs_validate() -> None:
+    demo = load_config(default_config())
+    assert [a.name for a in demo.agents] == ["problem_solver", "code_executor", "verifier"]
+    paper = load_config(REPO / "configs" / "mathchat_paper.yaml")
+    assert paper.model.path == "Qwen/Qwen3-4B"
+    assert (paper.train.prompts_per_step, paper.train.samples_per_prompt) == (32, 2)
+    assert (paper.rollout.max_prompt_tokens, paper.rollout.max_new_tokens) == (24576, 4096)
+    assert paper.rl.lr == 1e-6
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_misspelled_key_names_key_and_file(tmp_path: Path) -> None:
+    base = default_config().read_text()
+    path = _write(tmp_path, base.replace("kl_beta:", "kl_betta:"))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "rl.kl_betta: unknown key" in str(err.value)
+    assert str(path) in str(err.value)
+
+
+def test_wrong_type_is_reported(tmp_path: Path) -> None:
+    path = _write(tmp_path, default_config().read_text().replace("steps: 3", "steps: three"))
+    with pytest.raises(ConfigError, match=r"train\.steps"):
+        load_config(path)
+
+
+def test_template_field_must_exist_upstream(tmp_path: Path) -> None:
+    text = default_config().read_text().replace(
+        'input_template: "Problem: {task}"', 'input_template: "Problem: {task} {verifier_output}"'
+    )
+    with pytest.raises(ConfigError, match=r"unknown field \{verifier_output\}"):
+        load_config(_write(tmp_path, text))
+
+
+def test_overrides_are_typed_and_validated() -> None:
+    cfg = load_config(default_config(), ["rl.lr=3e-5", "agents.1.max_actions=3", "seed=7"])
+    assert cfg.rl.lr == 3e-5 and cfg.agents[1].max_actions == 3 and cfg.seed == 7
+    with pytest.raises(ConfigError, match=r"rl\.nope: unknown key"):
+        load_config(default_config(), ["rl.nope=1"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(default_config(), ["rl.lr"])
+
+
+def test_cli_bad_config_exits_nonzero_without_loading_a_model(tmp_path: Path) -> None:
+    path = _write(tmp_path, default_config().read_text().replace("max_actions: 2", "max_actionz: 2"))
+    code = (
+        "import sys\n"
+        "from mappa.cli import main\n"
+        f"rc = main(['train', '--config', {str(path)!r}])\n"
+        "heavy = [m for m in ('torch', 'transformers', 'peft') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "agents.1.max_actionz: unknown key" in proc.stderr
+    assert str(path) in proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("/nonexistent/run.yaml")
