@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -44,6 +45,8 @@ def _setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # PEFT 0.21 calls a transformers API that transformers 5 deprecates; not actionable.
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 
 
 def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:

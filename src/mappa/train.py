@@ -117,8 +117,12 @@ def _fmt(x: Any) -> str:
     return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
 
 
-def train(cfg: RunConfig) -> Path:
-    """Run ``cfg.train.steps`` MAPPA steps; returns the run directory."""
+def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
+    """Run ``cfg.train.steps`` MAPPA steps; returns the run directory.
+
+    ``policies`` may be passed in already loaded (notebooks, tests); by default they are
+    built from ``cfg.model``.
+    """
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     run_dir = resolve_run_dir(cfg.run_dir)
@@ -126,7 +130,7 @@ def train(cfg: RunConfig) -> Path:
     tasks = load_tasks(cfg.tasks.source, cfg.tasks.num_tasks, cfg.tasks.difficulty, cfg.seed)
     log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
 
-    policies = load_policies(cfg)
+    policies = policies or load_policies(cfg)
     coach = make_coach(cfg, policies)
     runner = build_runner(cfg, policies, run_dir / "workspaces")
     names = [a.name for a in cfg.agents]
