@@ -15,7 +15,7 @@ import torch
 from mappa.config import RLConfig
 from mappa.models.loading import load_base
 from mappa.models.policies import AgentPolicies
-from mappa.models.sample import Sample
+from mappa.models.interface import Sample
 from mappa.rl.update import update_agent
 from mappa.tasks import Task
 from mappa.train import build_runner

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+from tqdm import tqdm
 
 from mappa.coach.context import CoachContext
 from mappa.coach.parse import parse_score
@@ -111,4 +112,5 @@ class HttpCoach:
 
     def score(self, contexts: Sequence[CoachContext]) -> list[Score]:
         with ThreadPoolExecutor(max_workers=self.cfg.concurrency) as pool:
-            return list(pool.map(self.score_one, contexts))
+            jobs = pool.map(self.score_one, contexts)
+            return list(tqdm(jobs, total=len(contexts), desc="coach", leave=False))

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from mappa.config import LoraConfig as LoraSettings
-from mappa.models.sample import Sample
+from mappa.models.interface import Sample
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

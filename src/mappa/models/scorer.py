@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from mappa.models.policies import left_pad
 
@@ -75,6 +76,6 @@ class ScoreDistributionModel:
         seqs = [list(self.tokenizer.encode(p, add_special_tokens=False)) for p in prompts]
         result: list[list[float]] = []
         with self.activate():
-            for i in range(0, len(seqs), self.batch_size):
+            for i in tqdm(range(0, len(seqs), self.batch_size), desc="coach", leave=False):
                 result.extend(self._score_probs(seqs[i : i + self.batch_size]).tolist())
         return result

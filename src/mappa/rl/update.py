@@ -9,25 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from mappa.config import RLConfig
+from mappa.models.interface import TrainablePolicy
 from mappa.rl.advantages import get_estimator
 from mappa.rl.core import kl_estimate, masked_mean, token_rewards
 from mappa.rl.loss import policy_loss
 from mappa.workflow.records import Action
-
-
-class TrainablePolicy(Protocol):
-    def completion_logprobs(
-        self,
-        agent: str | None,
-        prompt_ids: Sequence[Sequence[int]],
-        completion_ids: Sequence[Sequence[int]],
-        temperature: float = 1.0,
-    ) -> torch.Tensor: ...
 
 
 @dataclass

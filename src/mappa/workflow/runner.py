@@ -3,7 +3,7 @@
 Each stage batches one agent's generations across all episodes (and, within a tool loop,
 across the episodes still looping), so a 3-agent pipeline costs a handful of batched
 generate calls per rollout rather than one call per episode. The runner talks to the model
-only through the small ``Policy`` protocol, which keeps it testable above that interface.
+only through the small ``SamplingPolicy`` protocol, which keeps it testable above that interface.
 """
 
 from __future__ import annotations
@@ -13,32 +13,17 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from tqdm import tqdm
 
 from mappa.config import AgentConfig, RolloutConfig, SandboxConfig, WorkflowConfig
-from mappa.models.sample import Sample
+from mappa.models.interface import SamplingPolicy
 from mappa.sandbox import Limits, execute, extract_code_blocks
 from mappa.sandbox.execute import cut_middle
 from mappa.tasks import Task
 from mappa.tasks.grader import grade
 from mappa.workflow.chat import ChatFormat
 from mappa.workflow.records import Action, Episode
-
-
-class Policy(Protocol):
-    """What the runner needs from the models: batched token-in, token-out sampling."""
-
-    def generate(
-        self,
-        agent: str | None,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        batch_size: int = 8,
-        greedy: bool = False,
-    ) -> list[Sample]: ...
 
 
 @dataclass
@@ -55,7 +40,7 @@ class PipelineRunner:
 
     def __init__(
         self,
-        policy: Policy,
+        policy: SamplingPolicy,
         chat: ChatFormat,
         agents: Sequence[AgentConfig],
         workflow: WorkflowConfig,

@@ -1,0 +1,56 @@
+"""The whole rollout <-> trainer contract with the models, free of torch imports.
+
+The workflow runner needs only ``SamplingPolicy``; the RL update needs only
+``TrainablePolicy``; ``mappa.models.policies.AgentPolicies`` implements both. Tests above
+these interfaces may use fakes; everything else uses the real thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Sample:
+    """One sampled completion: token-in, token-out.
+
+    ``prompt_ids + completion_ids`` is exactly the sequence the policy saw and produced;
+    ``logprobs[k]`` is the log-probability of ``completion_ids[k]`` under the distribution it
+    was sampled from. A completion that hit the length limit has ``truncated=True``.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    truncated: bool
+
+
+class SamplingPolicy(Protocol):
+    """Batched sampling for one agent (``None``: the frozen reference)."""
+
+    def generate(
+        self,
+        agent: str | None,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        batch_size: int = 8,
+        greedy: bool = False,
+    ) -> list[Sample]: ...
+
+
+class TrainablePolicy(Protocol):
+    """Log-probs of given completion tokens, differentiable w.r.t. the agent's adapter."""
+
+    def completion_logprobs(
+        self,
+        agent: str | None,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+    ) -> torch.Tensor: ...
