@@ -157,16 +157,42 @@ class CoachConfig(_Strict):
 
 
 class RLConfig(_Strict):
-    """REINFORCE++ as used by MAPPA (DESIGN.md §1); defaults are the paper's."""
+    """REINFORCE++ as used by MAPPA (DESIGN.md §1, docs/algorithm.md); defaults are the paper's."""
 
-    advantage: Literal["reinforce_pp"] = "reinforce_pp"
-    kl_estimator: Literal["k1"] = Field("k1", description="log pi_old - log pi_ref per token.")
-    kl_beta: float = Field(0.01, ge=0.0, description="Weight of the KL penalty in the reward.")
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount of the return-to-go.")
-    norm_scope: Literal["agent"] = Field(
-        "agent", description="Whitening scope: each agent over its own batch (reference code)."
+    advantage: Literal["reinforce_pp", "grpo", "rloo", "outcome_only"] = Field(
+        "reinforce_pp",
+        description="Advantage estimator: `reinforce_pp` (the method), `grpo` and `rloo` "
+        "(per-task group baselines, for comparison), `outcome_only` (the episode's outcome "
+        "given to every action: the sparse-reward baseline).",
     )
-    clip_eps: float = Field(0.2, gt=0.0, description="PPO ratio clip.")
+    w_process: float = Field(1.0, description="Weight of coach score / 10 in each action's reward.")
+    w_outcome: float = Field(0.0, description="Weight of the episode outcome (1 correct / 0).")
+    reward_clip: float | None = Field(
+        None, gt=0.0, description="Clip each action's reward to [-c, c] (null: no clipping)."
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k1", description="Per-token KL estimate of pi vs pi_ref: k1 = log ratio (the paper), "
+        "k2 = half squared log ratio, k3 = exp(-log ratio) - 1 + log ratio.",
+    )
+    kl_beta: float = Field(0.01, ge=0.0, description="KL coefficient (initial value if adaptive).")
+    kl_target: float | None = Field(
+        None, gt=0.0, description="Adaptive beta: steer the mean KL toward this value (null: fixed)."
+    )
+    kl_horizon: int = Field(10_000, ge=1, description="Adaptive beta: tokens over which beta adapts.")
+    kl_in_loss: bool = Field(
+        False, description="Put the KL penalty in the loss (GRPO-style) instead of the reward."
+    )
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount of the return-to-go.")
+    norm_scope: Literal["agent", "global", "agent_tasktype"] = Field(
+        "agent",
+        description="Whitening scope: each agent over its batch (reference code), all agents "
+        "pooled, or each (agent, task type) pair.",
+    )
+    clip_eps_low: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip below 1.")
+    clip_eps_high: float = Field(0.2, gt=0.0, description="PPO ratio clip above 1.")
+    loss_agg: Literal["token_mean", "seq_mean"] = Field(
+        "token_mean", description="Average the loss over all tokens, or per sequence then over sequences."
+    )
     lr: float = Field(1e-4, gt=0.0, description="Adam learning rate (LoRA needs ~1e-5..1e-4).")
     weight_decay: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0, description="Global grad-norm clip per agent.")
