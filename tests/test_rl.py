@@ -1,4 +1,5 @@
-"""REINFORCE++ math against numbers worked out by hand (arithmetic beside each value)."""
+"""REINFORCE++ and its baselines against numbers worked out by hand (arithmetic beside each
+expected value), with padding and truncated (masked-out) completions present."""
 
 from __future__ import annotations
 
@@ -9,17 +10,49 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mappa.config import RLConfig
 from mappa.rl import get_estimator, kl_estimate, masked_whiten, policy_loss, returns_to_go, token_rewards
+from mappa.rl.advantages import EstimatorConfig, Groups
+from mappa.rl.core import KLController, grouped_whiten
+from mappa.rl.loss import LossConfig
+from mappa.rl.rewards import mix_reward
+from mappa.rl.update import build_batch
+from mappa.workflow.records import Action, Episode, Score
 
 REWARDS = torch.tensor([0.8, 0.3])
 KL = torch.tensor([[0.1, -0.2, 0.3], [0.5, 0.0, 9.9]])  # 9.9 sits on padding
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+CFG = EstimatorConfig(gamma=1.0)
 
 
-def test_k1() -> None:
-    assert torch.allclose(kl_estimate(torch.tensor([-1.0]), torch.tensor([-1.5])), torch.tensor([0.5]))
+def groups(rewards: list[float], prompt: list[int] | None = None, scope: list[int] | None = None,
+           outcomes: list[float] | None = None) -> Groups:
+    n = len(rewards)
+    return Groups(
+        prompt=torch.tensor(prompt or [0] * n), scope=torch.tensor(scope or [0] * n),
+        rewards=torch.tensor(rewards), outcomes=torch.tensor(outcomes or [0.0] * n),
+    )
+
+
+def test_kl_estimators() -> None:
+    logp, ref = torch.tensor([-1.0]), torch.tensor([-1.5])  # d = 0.5
+    assert math.isclose(float(kl_estimate(logp, ref, "k1")), 0.5, abs_tol=1e-7)
+    assert math.isclose(float(kl_estimate(logp, ref, "k2")), 0.125, abs_tol=1e-7)  # 0.5^2/2
+    # k3 = exp(-0.5) - 1 + 0.5 = 0.60653066 - 0.5 = 0.10653066
+    assert math.isclose(float(kl_estimate(logp, ref, "k3")), 0.10653066, abs_tol=1e-6)
+    assert float(kl_estimate(torch.tensor([0.0]), torch.tensor([0.0]), "k3")) == 0.0
     with pytest.raises(ValueError):
-        kl_estimate(torch.tensor([0.0]), torch.tensor([0.0]), "k9")
+        kl_estimate(logp, ref, "k9")
+
+
+def test_adaptive_beta() -> None:
+    fixed = KLController(0.1)
+    assert fixed.update(5.0, 1000) == 0.1
+    ctl = KLController(0.1, target=0.05, horizon=100)
+    # error = clip((0.1-0.05)/0.05 = 1.0, +-0.2) = 0.2 ; beta *= 1 + 0.2*50/100 -> 0.11
+    assert math.isclose(ctl.update(0.1, 50), 0.11, rel_tol=1e-9)
+    # error = clip((0.04-0.05)/0.05 = -0.2) = -0.2 ; beta *= 1 - 0.2*50/100 -> 0.099
+    assert math.isclose(ctl.update(0.04, 50), 0.099, rel_tol=1e-9)
 
 
 def test_token_rewards_put_reward_on_last_real_token() -> None:
@@ -33,6 +66,14 @@ def test_token_rewards_put_reward_on_last_real_token() -> None:
     assert torch.allclose(r, expected, atol=1e-7)
 
 
+def test_reward_mixing_and_clipping() -> None:
+    assert mix_reward(7.0, 1.0) == pytest.approx(0.7)  # 1*7/10 + 0*1
+    assert mix_reward(7.0, 1.0, 0.0, 1.0) == pytest.approx(1.0)  # outcome only
+    assert mix_reward(4.0, 1.0, 0.5, 2.0) == pytest.approx(2.2)  # 0.5*0.4 + 2*1
+    assert mix_reward(4.0, None, 1.0, 1.0) == pytest.approx(0.4)  # no outcome known: 0
+    assert mix_reward(10.0, 1.0, 1.0, 1.0, clip=1.5) == 1.5  # 2.0 clipped
+
+
 def test_returns_to_go() -> None:
     r = token_rewards(REWARDS, KL, MASK, beta=0.1)
     g1 = returns_to_go(r, MASK, gamma=1.0)
@@ -43,16 +84,91 @@ def test_returns_to_go() -> None:
     assert torch.allclose(g05[0], torch.tensor([0.1925, 0.405, 0.77]), atol=1e-6)
 
 
-def test_reinforce_pp_whitens_over_the_whole_batch() -> None:
-    r = token_rewards(REWARDS, KL, MASK, beta=0.1)
-    adv, ret = get_estimator("reinforce_pp")(r, MASK, 1.0)
+def test_reinforce_pp_whitens_the_batch_and_ignores_truncated_rows() -> None:
+    rewards = torch.tensor([0.8, 0.3, 0.9])
+    kl = torch.cat([KL, torch.tensor([[2.0, 2.0, 2.0]])])
+    valid = torch.cat([MASK, torch.ones(1, 3)])
+    loss_mask = valid.clone()
+    loss_mask[2] = 0.0  # a truncated completion: masked out of whitening and loss
+    r = token_rewards(rewards, kl, valid, beta=0.1)
+    adv, ret = get_estimator("reinforce_pp")(r, loss_mask, groups([0.8, 0.3, 0.9]), CFG)
     # values 0.78 0.79 0.77 0.25 0.30: mean 2.89/5=0.578; squared deviations
     # .040804+.044944+.036864+.107584+.077284=.30748; var=.30748/4=.07687; std=.277254
     std = math.sqrt(0.30748 / 4)
-    expected = torch.tensor([[0.202, 0.212, 0.192], [-0.328, -0.278, 0.0]]) / std
-    expected[1, 2] = 0.0
+    expected = torch.tensor([[0.202, 0.212, 0.192], [-0.328, -0.278, 0.0], [0.0, 0.0, 0.0]]) / std
     assert torch.allclose(adv, expected, atol=1e-5)
     assert torch.allclose(ret[1], torch.tensor([0.25, 0.3, 0.0]), atol=1e-6)
+
+
+def test_outcome_only_replaces_the_reward_by_the_outcome() -> None:
+    r = token_rewards(REWARDS, KL, MASK, beta=0.1)
+    adv, ret = get_estimator("outcome_only")(r, MASK, groups([0.8, 0.3], outcomes=[0.0, 1.0]), CFG)
+    # row0 tokens -0.01, 0.02, -0.03+0 -> returns -0.02, -0.01, -0.03
+    # row1 tokens -0.05, 0+1.0 -> returns 0.95, 1.0
+    assert torch.allclose(ret, torch.tensor([[-0.02, -0.01, -0.03], [0.95, 1.0, 0.0]]), atol=1e-6)
+    # mean 1.89/5=0.378; squared deviations .158404+.150544+.166464+.327184+.386884=1.18948
+    # var 1.18948/4=0.29737; std 0.545316
+    std = math.sqrt(1.18948 / 4)
+    expected = torch.tensor([[-0.398, -0.388, -0.408], [0.572, 0.622, 0.0]]) / std
+    assert torch.allclose(adv, expected, atol=1e-5)
+
+
+def test_grpo_group_mean_and_std() -> None:
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    g = groups([0.8, 0.2, 0.5, 0.9, 0.4], prompt=[0, 0, 1, 1, 2])
+    adv, ret = get_estimator("grpo")(torch.zeros(5, 2), mask, g, CFG)
+    # group0 [.8,.2]: mean .5, unbiased std sqrt(.18)=.424264 -> +-.3/.424264 = +-.707107
+    # group1 [.5,.9]: mean .7, std sqrt(.08)=.282843 -> -+.2/.282843 = -+.707107 ; group2 alone: 0
+    a = 0.70710678
+    expected = torch.tensor([[a, a], [-a, 0.0], [-a, -a], [a, a], [0.0, 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-5)
+    assert torch.allclose(ret[:, 0], torch.tensor([0.8, 0.2, 0.5, 0.9, 0.4]))
+
+
+def test_rloo_leave_one_out() -> None:
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    g = groups([0.8, 0.2, 0.5, 0.7], prompt=[0, 0, 0, 1])
+    adv, _ = get_estimator("rloo")(torch.zeros(4, 2), mask, g, CFG)
+    # .8-(.2+.5)/2=.45 ; .2-(.8+.5)/2=-.45 ; .5-(.8+.2)/2=0 ; a group of one: 0
+    expected = torch.tensor([[0.45, 0.45], [-0.45, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-6)
+
+
+def test_whitening_scopes() -> None:
+    x = torch.tensor([[1.0, 2.0], [3.0, 5.0]])
+    ones = torch.ones(2, 2)
+    per_agent = grouped_whiten(x, ones, torch.tensor([0, 1]))
+    # [1,2]: mean 1.5, std sqrt(.5)=.707107 ; [3,5]: mean 4, std sqrt(2)=1.414214
+    a = 0.70710678
+    assert torch.allclose(per_agent, torch.tensor([[-a, a], [-a, a]]), atol=1e-5)
+    pooled = grouped_whiten(x, ones, torch.tensor([0, 0]))
+    # mean 2.75; squared deviations 3.0625+.5625+.0625+5.0625=8.75; var 8.75/3; std 1.707825
+    s = math.sqrt(8.75 / 3)
+    assert torch.allclose(pooled, torch.tensor([[-1.75, -0.75], [0.25, 2.25]]) / s, atol=1e-5)
+
+
+def _item(agent: str, task_type: str, task_id: str, score: float, correct: bool | None,
+          truncated: bool = False) -> tuple[Episode, Action]:
+    ep = Episode("e", task_id, "t", "1", task_type=task_type, correct=correct)
+    act = Action("e", agent, 0, [1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], "p", "c", truncated,
+                 coach=Score(score))
+    return ep, act
+
+
+def test_build_batch_scopes_groups_rewards_and_truncation() -> None:
+    items = [_item("a", "x", "t1", 8.0, True), _item("a", "y", "t1", 2.0, False),
+             _item("b", "x", "t1", 6.0, None, truncated=True), _item("b", "x", "t2", 4.0, True)]
+    def scope(name: str) -> list[int]:
+        return build_batch(items, RLConfig(norm_scope=name)).groups.scope.tolist()  # type: ignore[arg-type]
+    assert scope("agent") == [0, 0, 1, 1]
+    assert scope("global") == [0, 0, 0, 0]
+    assert scope("agent_tasktype") == [0, 1, 2, 2]
+    batch = build_batch(items, RLConfig(w_process=0.5, w_outcome=1.0))
+    # 0.5*0.8+1 ; 0.5*0.2+0 ; 0.5*0.6+0 (no outcome) ; 0.5*0.4+1
+    assert torch.allclose(batch.groups.rewards, torch.tensor([1.4, 0.1, 0.3, 1.2]))
+    assert batch.groups.prompt.tolist() == [0, 0, 1, 2]  # (task, agent, turn)
+    assert batch.loss_mask[2].sum() == 0 and batch.valid[2].sum() == 3
+    assert build_batch(items, RLConfig(mask_truncated=False)).loss_mask[2].sum() == 3
 
 
 def test_whiten_degenerate_batches_are_finite() -> None:
@@ -60,6 +176,8 @@ def test_whiten_degenerate_batches_are_finite() -> None:
     assert torch.equal(one, torch.tensor([[0.0, 0.0]]))  # single token: centered only
     same = masked_whiten(torch.full((2, 3), 0.4), torch.ones(2, 3))
     assert torch.equal(same, torch.zeros(2, 3))  # zero variance: centered, not divided by ~0
+    empty = masked_whiten(torch.ones(2, 2), torch.zeros(2, 2))
+    assert torch.equal(empty, torch.zeros(2, 2))
 
 
 @settings(max_examples=200, deadline=None)
@@ -70,25 +188,50 @@ def test_whiten_property(values: list[float], data: st.DataObject) -> None:
     mask = torch.tensor(keep, dtype=torch.float64)[None, :]
     out = masked_whiten(x, mask)
     assert torch.isfinite(out).all()
-    sel = out[mask > 0]
+    assert (out[mask == 0] == 0).all()
     kept = x[mask > 0]
-    if kept.numel() >= 2 and float(kept.std()) > 1e-6:
+    if kept.numel() >= 2 and len(set(kept.tolist())) >= 2:
+        sel = out[mask > 0]
         assert abs(float(sel.mean())) < 1e-6
         assert abs(float(sel.std()) - 1.0) < 1e-6
 
 
-def test_policy_loss_by_hand() -> None:
-    old = torch.tensor([[0.0, 0.0, 0.0, 0.0]])
-    logp = torch.tensor([[math.log(1.5), math.log(0.5), 0.0, 5.0]])  # last token is padding
-    adv = torch.tensor([[1.0, -1.0, 2.0, 100.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    loss, stats = policy_loss(logp, old, adv, mask, clip_eps=0.2)
-    # t0: max(-1*1.5, -1*1.2)=-1.2 ; t1: max(1*0.5, 1*0.8)=0.8 ; t2: max(-2,-2)=-2
-    # token mean: (-1.2 + 0.8 - 2) / 3 = -0.8 ; clipped on t0 and t1 -> 2/3
-    assert math.isclose(float(loss), -0.8, abs_tol=1e-6)
+LOGP = torch.tensor([[math.log(1.5), math.log(0.5), 0.0, 5.0]])  # last token is padding
+OLD = torch.zeros(1, 4)
+ADV = torch.tensor([[1.0, -1.0, 3.0, 100.0]])
+LMASK = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+
+
+def test_policy_loss_symmetric_and_asymmetric_clip() -> None:
+    loss, stats = policy_loss(LOGP, OLD, ADV, LMASK, LossConfig(0.2, 0.2))
+    # t0: max(-1.5, -1.2)=-1.2 ; t1: max(0.5, 0.8)=0.8 ; t2: max(-3,-3)=-3 ; mean -3.4/3
+    assert math.isclose(float(loss), -3.4 / 3, abs_tol=1e-6)
     assert math.isclose(stats["clip_frac"], 2 / 3, abs_tol=1e-6)
-    loss_n, _ = policy_loss(logp, old, adv, mask, clip_eps=0.2, normalizer=6.0)
-    assert math.isclose(float(loss_n), -2.4 / 6, abs_tol=1e-6)  # sum -2.4 over a batch of 6
+    assert math.isclose(stats["approx_kl"], 0.5 * (math.log(1.5) ** 2 + math.log(0.5) ** 2) / 3, abs_tol=1e-6)
+    loss, _ = policy_loss(LOGP, OLD, ADV, LMASK, LossConfig(clip_eps_low=0.1, clip_eps_high=0.3))
+    # t0: max(-1.5, -1.3)=-1.3 ; t1: max(0.5, 0.9)=0.9 ; t2: -3 ; mean -3.4/3
+    assert math.isclose(float(loss), (-1.3 + 0.9 - 3) / 3, abs_tol=1e-6)
+    loss_n, _ = policy_loss(LOGP, OLD, ADV, LMASK, LossConfig(), normalizer=6.0)
+    assert math.isclose(float(loss_n), -3.4 / 6, abs_tol=1e-6)  # sum over a batch of 6 tokens
+
+
+def test_policy_loss_sequence_mean_kl_in_loss_and_entropy() -> None:
+    logp = torch.tensor([[math.log(1.5), math.log(0.5)], [0.0, 0.0]])
+    adv = torch.tensor([[1.0, -1.0], [3.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss, _ = policy_loss(logp, torch.zeros(2, 2), adv, mask, LossConfig(agg="seq_mean"))
+    # row0: (-1.2 + 0.8)/2 = -0.2 ; row1: -3/1 = -3 ; mean over rows (-3.2)/2 = -1.6
+    assert math.isclose(float(loss), -1.6, abs_tol=1e-6)
+    ref = torch.tensor([[0.0, 0.0], [-0.5, 0.0]])
+    cfg = LossConfig(kl_beta_in_loss=0.5, kl_estimator="k1")
+    loss, stats = policy_loss(logp, torch.zeros(2, 2), adv, mask, cfg, logp_ref=ref,
+                              entropy=torch.tensor([[1.0, 2.0], [3.0, 50.0]]))
+    # k1 per token: log1.5=.405465, log.5=-.693147, 0-(-0.5)=.5 ; token mean of
+    # (-1.2+.5*.405465) + (0.8+.5*-.693147) + (-3+.5*.5) = -3.4 + 0.5*0.212318 -> /3
+    assert math.isclose(float(loss), (-3.4 + 0.5 * 0.2123179) / 3, abs_tol=1e-6)
+    assert math.isclose(stats["entropy"], 2.0, abs_tol=1e-6)  # (1+2+3)/3, padding ignored
+    with pytest.raises(ValueError, match="reference"):
+        policy_loss(logp, torch.zeros(2, 2), adv, mask, cfg)
 
 
 def test_loss_gradient_equals_reinforce_gradient() -> None:

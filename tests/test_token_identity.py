@@ -16,7 +16,7 @@ from mappa.config import RLConfig
 from mappa.models.loading import load_base
 from mappa.models.policies import AgentPolicies
 from mappa.models.interface import Sample
-from mappa.rl.update import update_agent
+from mappa.rl.update import build_batch, compute_advantages, policy_step, reference_logprobs
 from mappa.tasks import Task
 from mappa.train import build_runner
 from mappa.workflow.chat import ChatFormat
@@ -50,9 +50,10 @@ class RecordingPolicy:
         self.inner = inner
         self.calls: list[tuple[str | None, list[list[int]], list[list[int]]]] = []
 
-    def completion_logprobs(self, agent, prompt_ids, completion_ids, temperature=1.0):  # type: ignore[no-untyped-def]
+    def completion_logprobs(self, agent, prompt_ids, completion_ids, temperature=1.0,  # type: ignore[no-untyped-def]
+                            with_entropy=False):
         self.calls.append((agent, [list(p) for p in prompt_ids], [list(c) for c in completion_ids]))
-        return self.inner.completion_logprobs(agent, prompt_ids, completion_ids, temperature)
+        return self.inner.completion_logprobs(agent, prompt_ids, completion_ids, temperature, with_entropy)
 
 
 @pytest.fixture(scope="module")
@@ -95,16 +96,21 @@ def test_tool_loop_second_prompt_is_real_context_and_is_trained_on(
     assert executor_calls[1] == [ep.agent_actions("code_executor")[1].prompt_ids for ep in episodes]
 
     # The update trains on exactly those ids, both for the reference and the policy pass.
-    actions = [a for ep in episodes for a in ep.agent_actions("code_executor")]
-    for a, v in zip(actions, [8.0, 2.0, 6.0, 4.0], strict=True):
+    items = [(ep, a) for ep in episodes for a in ep.agent_actions("code_executor")]
+    for (_, a), v in zip(items, [8.0, 2.0, 6.0, 4.0], strict=True):
         a.coach = Score(v)
         a.sample_logprobs = tiny.completion_logprobs(  # a real old policy for the ratio
             "code_executor", [a.prompt_ids], [a.completion_ids]
-        )[0, : len(a.completion_ids)].tolist()
+        ).logprobs[0, : len(a.completion_ids)].tolist()
+    actions = [a for _, a in items]
+    rl = RLConfig(micro_batch_size=8)
     recorder = RecordingPolicy(tiny)
+    batch = build_batch(items, rl)
+    ref = reference_logprobs(recorder, batch.actions, batch.old.shape[1], 8, 1.0)
+    adv, _, _ = compute_advantages(batch, ref, rl, beta=0.01)
     params = tiny.adapter_parameters("code_executor")
-    stats = update_agent(recorder, "code_executor", actions, [a.reward for a in actions],
-                         torch.optim.Adam(params, lr=1e-3), params, RLConfig(micro_batch_size=8))
+    stats = policy_step(recorder, "code_executor", batch, adv, ref,
+                        torch.optim.Adam(params, lr=1e-3), params, rl, beta=0.01)
     assert stats.tokens == sum(len(a.completion_ids) for a in actions)
     assert [c[0] for c in recorder.calls] == [None, "code_executor"]
     for _, prompts, completions in recorder.calls:
@@ -125,7 +131,7 @@ def test_sampling_logprobs_match_training_logprobs_across_a_tool_turn(tiny: Agen
     for batch in (first, second):
         lp = tiny.completion_logprobs(
             "code_executor", [s.prompt_ids for s in batch], [s.completion_ids for s in batch]
-        )
+        ).logprobs
         for row, s in enumerate(batch):
             got = lp[row, : len(s.completion_ids)]
             assert torch.allclose(got, torch.tensor(s.logprobs), atol=1e-4)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -65,3 +67,25 @@ def test_two_steps_change_each_adapter_and_not_the_base(tiny_model_dir: Path, tm
         for n in names:
             assert m[f"rl/{n}/tokens"] > 0 and m[f"coach/{n}"] is not None
         assert m["rollout_tokens_per_s"] > 0 and m["mean_kl"] is not None
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["rl.advantage=grpo", "rl.kl_in_loss=true", "rl.kl_estimator=k3"],
+        ["rl.advantage=outcome_only", "rl.norm_scope=global"],
+        ["rl.advantage=rloo", "rl.loss_agg=seq_mean", "rl.kl_target=0.01"],
+        ["rl.norm_scope=agent_tasktype", "rl.w_outcome=1.0", "rl.clip_eps_high=0.28"],
+    ],
+    ids=["grpo", "outcome_only", "rloo", "mixed"],
+)
+def test_alternative_estimators_train_end_to_end(
+    tiny_model_dir: Path, tmp_path: Path, overrides: list[str]
+) -> None:
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.steps=1", *overrides)
+    run_dir = train(cfg)
+    [m] = read_jsonl(run_dir / "metrics.jsonl")
+    for n in ("problem_solver", "code_executor", "verifier"):
+        assert m[f"rl/{n}/tokens"] > 0 and math.isfinite(m[f"rl/{n}/loss"])
+        assert math.isfinite(m[f"rl/{n}/entropy"]) and m[f"rl/{n}/entropy"] > 0
+        assert (run_dir / "adapters" / n / "adapter_model.safetensors").is_file()

@@ -25,7 +25,8 @@ from mappa.config import RunConfig
 from mappa.jsonl import append_jsonl
 from mappa.models.loading import load_base
 from mappa.models.policies import AgentPolicies
-from mappa.rl.update import update_agent
+from mappa.rl.core import KLController, masked_mean
+from mappa.rl.update import build_batch, compute_advantages, policy_step, reference_logprobs
 from mappa.tasks import Task, load_tasks
 from mappa.workflow.chat import ChatFormat
 from mappa.workflow.records import Episode, append_episodes
@@ -113,6 +114,37 @@ def step_metrics(step: int, episodes: list[Episode], agents: Sequence[str]) -> d
     return out
 
 
+def _update(
+    policies: AgentPolicies,
+    episodes: list[Episode],
+    names: Sequence[str],
+    optimizers: dict[str, torch.optim.Optimizer],
+    params: dict[str, list[torch.nn.Parameter]],
+    cfg: RunConfig,
+    kl_ctl: KLController,
+) -> dict[str, Any]:
+    """Advantages over the whole batch, then one optimizer step per agent."""
+    items = [
+        (e, a) for e in episodes for a in e.actions
+        if a.coach is not None and not (cfg.coach.exclude_flagged and a.coach.flagged)
+    ]
+    out: dict[str, Any] = {"kl_beta": kl_ctl.beta, "trained_actions": len(items)}
+    if not items:
+        out["mean_kl"] = None
+        return out
+    batch = build_batch(items, cfg.rl)
+    temperature = cfg.rollout.temperature
+    ref = reference_logprobs(policies, batch.actions, batch.old.shape[1], cfg.rl.micro_batch_size, temperature)
+    advantages, _, kl = compute_advantages(batch, ref, cfg.rl, kl_ctl.beta)
+    for name in names:
+        stats = policy_step(policies, name, batch, advantages, ref, optimizers[name], params[name],
+                            cfg.rl, kl_ctl.beta, temperature)
+        out.update({f"rl/{name}/{k}": v for k, v in asdict(stats).items()})
+    out["mean_kl"] = float(masked_mean(kl, batch.valid))
+    kl_ctl.update(out["mean_kl"], int(batch.valid.sum()))
+    return out
+
+
 def _fmt(x: Any) -> str:
     return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
 
@@ -140,6 +172,7 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
         n: torch.optim.Adam(params[n], lr=cfg.rl.lr, weight_decay=cfg.rl.weight_decay) for n in names
     }
     batches = task_batches(tasks, cfg.train.prompts_per_step, cfg.train.samples_per_prompt, cfg.seed)
+    kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
 
     for step in tqdm(range(cfg.train.steps), desc="train", unit="step"):
         t0 = time.monotonic()
@@ -153,21 +186,8 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
         append_episodes(run_dir / "episodes.jsonl", episodes)  # before training on them
 
         metrics = step_metrics(step, episodes, names)
-        kls = []
-        for name in names:
-            acts = [
-                a for e in episodes for a in e.agent_actions(name)
-                if a.coach is not None and not (cfg.coach.exclude_flagged and a.coach.flagged)
-            ]
-            stats = update_agent(
-                policies, name, acts, [a.reward for a in acts], optimizers[name], params[name],
-                cfg.rl, cfg.rollout.temperature,
-            )
-            metrics.update({f"rl/{name}/{k}": v for k, v in asdict(stats).items()})
-            if stats.tokens:
-                kls.append(stats.mean_kl)
+        metrics.update(_update(policies, episodes, names, optimizers, params, cfg, kl_ctl))
         metrics.update(
-            mean_kl=mean(kls) if kls else None,
             rollout_tokens_per_s=gen_tokens / max(t_roll, 1e-9),
             rollout_s=t_roll,
             coach_s=t_coach,

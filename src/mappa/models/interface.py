@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +44,14 @@ class SamplingPolicy(Protocol):
     ) -> list[Sample]: ...
 
 
+class TokenLogprobs(NamedTuple):
+    """Per completion token, right-padded to ``(B, T)``: log-prob of the token, and the
+    entropy of the distribution it was drawn from (``None`` unless asked for)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None
+
+
 class TrainablePolicy(Protocol):
     """Log-probs of given completion tokens, differentiable w.r.t. the agent's adapter."""
 
@@ -53,4 +61,5 @@ class TrainablePolicy(Protocol):
         prompt_ids: Sequence[Sequence[int]],
         completion_ids: Sequence[Sequence[int]],
         temperature: float = 1.0,
-    ) -> torch.Tensor: ...
+        with_entropy: bool = False,
+    ) -> TokenLogprobs: ...

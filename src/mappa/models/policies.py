@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from mappa.config import LoraConfig as LoraSettings
-from mappa.models.interface import Sample
+from mappa.models.interface import Sample, TokenLogprobs
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -36,6 +36,16 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device) -
             mask[row, width - len(s) :] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return ids.to(device), mask.to(device), positions.to(device)
+
+
+def _left_align(x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+    """Rows whose last ``n`` entries are real (left padding) -> real entries first, zero padded."""
+    out = torch.zeros_like(x)
+    width = x.shape[1]
+    for row, n in enumerate(lengths):
+        if n:
+            out[row, :n] = x[row, width - n :]
+    return out
 
 
 def _stop_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -189,8 +199,9 @@ class AgentPolicies:
         prompt_ids: Sequence[Sequence[int]],
         completion_ids: Sequence[Sequence[int]],
         temperature: float = 1.0,
-    ) -> torch.Tensor:
-        """Log-probs of each completion token, right-padded to ``(B, max_completion_len)``.
+        with_entropy: bool = False,
+    ) -> TokenLogprobs:
+        """Log-probs (and optionally entropies) of each completion token, ``(B, max_len)``.
 
         Differentiable when called with grad enabled; use ``agent=None`` for the reference.
         Only completion positions are projected to log-probs, bounding memory by B x T_c x V.
@@ -204,15 +215,13 @@ class AgentPolicies:
             logits = self.model(
                 input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=tc + 1
             ).logits[:, :-1]
-        logp = F.log_softmax(logits.float() / temperature, dim=-1)
-        logp = logp.gather(-1, ids[:, -tc:, None]).squeeze(-1)
-        # Move each row's completion (right-aligned) to the left: (B, tc), zero padded.
-        out = torch.zeros_like(logp)
-        for row, c in enumerate(completion_ids):
-            n = len(c)
-            if n:
-                out[row, :n] = logp[row, tc - n :]
-        return out
+        dist = F.log_softmax(logits.float() / temperature, dim=-1)
+        logp = dist.gather(-1, ids[:, -tc:, None]).squeeze(-1)
+        entropy = -(dist.exp() * dist).sum(-1) if with_entropy else None
+        lengths = [len(c) for c in completion_ids]
+        return TokenLogprobs(
+            _left_align(logp, lengths), None if entropy is None else _left_align(entropy, lengths)
+        )
 
     # ----------------------------------------------------------------- persistence
     def save(self, directory: Path) -> dict[str, Path]:

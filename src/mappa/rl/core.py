@@ -10,13 +10,39 @@ import torch
 
 
 def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
-    """Per-token KL estimate between the sampling policy and the reference.
+    """Per-token estimate of KL(pi || pi_ref) from the sampled token's log-probs.
 
-    k1 = log pi - log pi_ref (unbiased, can be negative), as MAPPA's reference code uses.
+    With d = log pi - log pi_ref (Schulman's estimators):
+    k1 = d (unbiased, can be negative; MAPPA's reference code), k2 = d^2 / 2 (biased, low
+    variance), k3 = exp(-d) - 1 + d (unbiased and non-negative).
     """
-    if estimator != "k1":
-        raise ValueError(f"unknown KL estimator {estimator!r}")
-    return logp - logp_ref
+    d = logp - logp_ref
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return 0.5 * d**2
+    if estimator == "k3":
+        return torch.expm1(-d) + d
+    raise ValueError(f"unknown KL estimator {estimator!r}; have k1, k2, k3")
+
+
+class KLController:
+    """The KL coefficient beta: fixed, or adapted toward a target KL (Ziegler et al. 2019).
+
+    Adaptive update after each step: beta *= 1 + clip((kl - target) / target, -0.2, 0.2) * n / horizon,
+    with ``n`` the tokens of the step, so beta grows when the policy drifts too far.
+    """
+
+    def __init__(self, beta: float, target: float | None = None, horizon: int = 10_000) -> None:
+        self.beta = beta
+        self.target = target
+        self.horizon = horizon
+
+    def update(self, observed_kl: float, n_tokens: int) -> float:
+        if self.target is not None:
+            error = max(-0.2, min(0.2, (observed_kl - self.target) / self.target))
+            self.beta *= 1.0 + error * n_tokens / self.horizon
+        return self.beta
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:
@@ -50,22 +76,32 @@ def returns_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float 
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over entries where ``mask`` is 1 (0 for an empty mask)."""
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / std over unmasked entries; masked entries become 0.
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(x - mean) / std over unmasked entries (unbiased std); masked entries become 0.
 
-    With fewer than two tokens, or (near) zero variance, there is no scale to divide by:
-    the result is only centered (finite, and zero where all values are equal).
+    With fewer than two tokens, or all values equal, there is no scale to divide by: the
+    result is only centered (finite, and zero where all values are equal). Any two distinct
+    values are whitened, however close: the std is computed on values rescaled by their
+    largest deviation so it never underflows to 0 (mean 0 and std 1 hold exactly then).
     """
     n = mask.sum()
     mean = masked_mean(x, mask)
     centered = (x - mean) * mask
-    if n < 2:
+    scale = centered.abs().max()
+    if n < 2 or scale == 0:
         return centered
-    var = (centered**2).sum() / (n - 1)
-    std = var.sqrt()
-    if std < eps:
-        return centered
+    std = scale * (((centered / scale) ** 2).sum() / (n - 1)).sqrt()
     return centered / std
+
+
+def grouped_whiten(x: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """``masked_whiten`` separately within each group of rows (``groups``: (B,) ids)."""
+    out = torch.zeros_like(x)
+    for g in torch.unique(groups):
+        rows = groups == g
+        out[rows] = masked_whiten(x[rows], mask[rows])
+    return out

@@ -2,7 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from mappa.rl.core import kl_estimate
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    agg: str = "token_mean"  # or "seq_mean"
+    kl_beta_in_loss: float = 0.0  # > 0 only when the KL penalty lives in the loss
+    kl_estimator: str = "k3"
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str, normalizer: float | None) -> torch.Tensor:
+    """Token mean: sum / N_tokens. Sequence mean: mean of each row's token mean, / N_rows.
+
+    ``normalizer`` overrides N (tokens or rows of the *whole* batch) so micro-batch losses add
+    up to the batch loss.
+    """
+    if agg == "token_mean":
+        n = float(mask.sum()) if normalizer is None else normalizer
+        return (per_token * mask).sum() / max(n, 1.0)
+    if agg == "seq_mean":
+        rows = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        n = float((mask.sum(-1) > 0).sum()) if normalizer is None else normalizer
+        return rows.sum() / max(n, 1.0)
+    raise ValueError(f"unknown loss aggregation {agg!r}")
 
 
 def policy_loss(
@@ -10,26 +39,36 @@ def policy_loss(
     logp_old: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_eps: float = 0.2,
+    cfg: LossConfig = LossConfig(),
     normalizer: float | None = None,
+    logp_ref: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Token-mean PPO-clip loss and its statistics.
+    """PPO-clip loss and its statistics.
 
-    loss = sum_t mask_t * max(-A_t * rho_t, -A_t * clip(rho_t, 1-eps, 1+eps)) / N with
-    rho_t = exp(logp_t - logp_old_t). ``normalizer`` N defaults to ``mask.sum()``; pass the
-    token count of the whole batch when accumulating micro-batches so the sum of their
-    losses is the token mean over the batch.
+    per-token loss = max(-A_t * rho_t, -A_t * clip(rho_t, 1-eps_low, 1+eps_high))
+    (+ beta * k(logp, logp_ref) when the KL lives in the loss), rho_t = exp(logp_t - logp_old_t),
+    aggregated by ``cfg.agg`` over unmasked tokens.
     """
     ratio = torch.exp(logp - logp_old)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
     per_token = torch.maximum(unclipped, clipped)
-    n = float(mask.sum()) if normalizer is None else normalizer
-    loss = (per_token * mask).sum() / max(n, 1.0)
+    kl_term = None
+    if cfg.kl_beta_in_loss > 0:
+        if logp_ref is None:
+            raise ValueError("KL in the loss needs the reference log-probs")
+        kl_term = kl_estimate(logp, logp_ref, cfg.kl_estimator)
+        per_token = per_token + cfg.kl_beta_in_loss * kl_term
+    loss = aggregate(per_token, mask, cfg.agg, normalizer)
     with torch.no_grad():
         count = mask.sum().clamp(min=1)
         stats = {
             "clip_frac": float(((clipped > unclipped).float() * mask).sum() / count),
             "approx_kl": float((0.5 * (logp - logp_old) ** 2 * mask).sum() / count),
         }
+        if kl_term is not None:
+            stats["kl_in_loss"] = float((kl_term * mask).sum() / count)
+        if entropy is not None:
+            stats["entropy"] = float((entropy * mask).sum() / count)
     return loss, stats

@@ -39,7 +39,12 @@ def make_task(rng: random.Random, index: int, difficulty: int) -> Task:
         sentence, value = _step(rng, value, item)
         sentences.append(sentence.replace("they", name, 1) if rng.random() < 0.5 else sentence)
     sentences.append(f"How many {item} does {name} have now?")
-    return Task(task_id=f"arith-{difficulty}-{index}", prompt=" ".join(sentences), answer=str(value))
+    return Task(
+        task_id=f"arith-{difficulty}-{index}",
+        prompt=" ".join(sentences),
+        answer=str(value),
+        task_type="arithmetic",
+    )
 
 
 def generate(n: int, seed: int = 0, difficulty: int = 1) -> list[Task]:

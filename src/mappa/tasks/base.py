@@ -14,6 +14,7 @@ class Task:
     task_id: str
     prompt: str
     answer: str | None
+    task_type: str = "math"  # for per-task-type statistics and whitening scopes
 
 
 def load_task_file(path: Path) -> list[Task]:
@@ -35,6 +36,7 @@ def load_task_file(path: Path) -> list[Task]:
                 task_id=str(row.get("id", i)),
                 prompt=str(row["prompt"]),
                 answer=None if answer is None else _answer_text(answer),
+                task_type=str(row.get("type") or row.get("task_type") or "math"),
             )
         )
     if not tasks:

@@ -65,6 +65,7 @@ class Episode:
     task: str
     answer: str | None
     step: int = 0
+    task_type: str = "default"
     actions: list[Action] = field(default_factory=list)
     workspace: str | None = None
     final_answer: str | None = None

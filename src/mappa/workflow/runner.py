@@ -70,7 +70,8 @@ class PipelineRunner:
             shutil.rmtree(ws, ignore_errors=True)
             ws.mkdir(parents=True)
             episodes.append(
-                Episode(eid, task.task_id, task.prompt, task.answer, step=step, workspace=str(ws))
+                Episode(eid, task.task_id, task.prompt, task.answer, step=step,
+                        task_type=task.task_type, workspace=str(ws))
             )
         fields: list[dict[str, str]] = [{"task": t.prompt} for t in tasks]
         for agent in tqdm(self.agents, desc=f"rollout step {step}", leave=False):
