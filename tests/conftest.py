@@ -84,6 +84,7 @@ def tiny_run_config(model_dir: Path, run_dir: Path, *overrides: str):  # -> RunC
             "train.prompts_per_step=2",
             "train.samples_per_prompt=2",
             "tasks.num_tasks=8",
+            "coach.cache.mode=off",
             *overrides,
         ],
     )

@@ -8,7 +8,7 @@ import torch
 
 from mappa.coach.context import CoachContext
 from mappa.coach.local import SCORE_PREFIX, LocalCoach
-from mappa.coach.templates import render_messages
+from mappa.coach.templates import load_template, render_messages
 from mappa.models.loading import load_base
 from mappa.models.scorer import ScoreDistributionModel
 
@@ -35,12 +35,13 @@ def test_batched_cached_distribution_matches_direct(tiny_model_dir: Path) -> Non
         CoachContext("2+2?", "problem_solver", "solve", 0, "in", "out " * n, None, False, None)
         for n in (1, 7, 20)
     ] + [CoachContext("2+2?", "verifier", "answer", 0, "in", "\\boxed{4}", "4", True, "4")]
-    conversations = [render_messages(c) for c in contexts]
+    template = load_template("mathchat")
+    conversations = [render_messages(template, c) for c in contexts]
     batched = scorer(conversations, SCORE_PREFIX)
     for conv, got in zip(conversations, batched, strict=True):
         assert len(got) == 11 and min(got) >= 0
         assert torch.allclose(torch.tensor(got), torch.tensor(_direct(model, tok, scorer, conv)), atol=1e-5)
-    scores = LocalCoach(scorer).score(contexts)
+    scores = LocalCoach(scorer, template).score(contexts)
     for s, p in zip(scores, batched, strict=True):
         assert 0 <= s.value <= 10 and not s.flagged and s.backend == "local"
         assert abs(s.value - sum(i * q for i, q in enumerate(p)) / sum(p)) < 1e-9

@@ -27,7 +27,8 @@ def test_gguf_is_converted_once_to_a_plain_model() -> None:
 def test_demo_model_trains_and_evaluates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "run"
     rc = main(["train", f"run_dir={run_dir}", "train.steps=1", "train.prompts_per_step=2",
-               "train.samples_per_prompt=1", "rollout.max_new_tokens=24"])
+               "train.samples_per_prompt=1", "rollout.max_new_tokens=24",
+               f"coach.cache.path={tmp_path / 'coach.sqlite'}"])
     assert rc == 0
     episodes = read_episodes(run_dir / "episodes.jsonl")
     assert len(episodes) == 2

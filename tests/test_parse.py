@@ -1,10 +1,11 @@
-"""Coach reply parsing."""
+"""Coach reply parsing on messy, real-looking responses."""
 
 from __future__ import annotations
 
 import pytest
 
 from mappa.coach import parse_score
+from mappa.coach.parse import expected_score_from_logprobs
 
 
 @pytest.mark.parametrize(
@@ -12,14 +13,30 @@ from mappa.coach import parse_score
     [
         ("PROCESS_SCORE: 7", 7.0, None),
         ("Analysis...\n**PROCESS_SCORE:** 9\nANSWER_CORRECT: 1", 9.0, True),
-        ("PROCESS_SCORE: 3.5\nANSWER_CORRECT: 0", 3.5, False),
+        ("**PROCESS_SCORE: 4**", 4.0, None),
+        ("__PROCESS_SCORE__: 6", None, None),  # underscores-as-markdown mangle the tag
+        ("PROCESS_SCORE:8", 8.0, None),
+        ("PROCESS_SCORE :   3", 3.0, None),
         ("process_score = 6", 6.0, None),
+        ("Process_Score: 2", 2.0, None),
+        ("PROCESS_SCORE: 3.5\nANSWER_CORRECT: 0", 3.5, False),
+        ("PROCESS_SCORE: 7.25 (good)", 7.25, None),
         ("PROCESS_SCORE: 11", 10.0, None),
+        ("PROCESS_SCORE: 100", 10.0, None),
         ("PROCESS_SCORE: -2", 0.0, None),
         ("PROCESS_SCORE: 2 ... on reflection PROCESS_SCORE: 4", 4.0, None),
-        ("PROCESS_SCORE: 8 because the code ran", 8.0, None),
+        ("PROCESS_SCORE: 8 because the code ran and printed 42", 8.0, None),
+        ("PROCESS_SCORE: 8\nThe agent did well overall. It scored 3 points before.", 8.0, None),
+        ("`PROCESS_SCORE: 5`", 5.0, None),
+        ("### Verdict\n- PROCESS_SCORE: **6**\n- ANSWER_CORRECT: **1**", 6.0, True),
+        ("PROCESS_SCORE: 9\nANSWER_CORRECT: true", 9.0, True),
+        ("PROCESS_SCORE: 1\nANSWER_CORRECT: no", 1.0, False),
+        ("ANSWER_CORRECT: 1", None, True),
         ("I cannot evaluate this.", None, None),
+        ("I'm sorry, but I can't help with that request.", None, None),
         ("", None, None),
+        ("The score is high.", None, None),
+        ("PROCESS_SCORE: seven", None, None),
     ],
 )
 def test_strict(text: str, score: float | None, correct: bool | None) -> None:
@@ -28,7 +45,37 @@ def test_strict(text: str, score: float | None, correct: bool | None) -> None:
     assert parsed.answer_correct == correct
 
 
-def test_lenient_only_when_asked() -> None:
-    assert parse_score("Score: 7/10").process_score is None
-    assert parse_score("Score: 7/10", lenient=True).process_score == 7.0
-    assert parse_score("Final score: 12", lenient=True).process_score == 10.0
+@pytest.mark.parametrize(
+    ("text", "score"),
+    [
+        ("Score: 7/10", 7.0),
+        ("Final score: 12", 10.0),
+        ("score - 4", None),  # a dash is not a colon: ambiguous, not guessed
+        ("My score for this action: 6 out of 10", 6.0),
+        ("Score 3", 3.0),
+        ("The agent deserves a good score", None),
+    ],
+)
+def test_lenient_only_when_asked(text: str, score: float | None) -> None:
+    assert parse_score(text).process_score is None
+    assert parse_score(text, lenient=True).process_score == score
+
+
+def test_strict_wins_over_lenient() -> None:
+    assert parse_score("Score: 2/10 ... PROCESS_SCORE: 8", lenient=True).process_score == 8.0
+
+
+def test_expected_score_from_logprobs_edge_cases() -> None:
+    assert expected_score_from_logprobs([]) is None
+    no_tag = [{"token": " 7", "logprob": 0.0, "top_logprobs": [{"token": " 7", "logprob": 0.0}]}]
+    assert expected_score_from_logprobs(no_tag) is None
+    # "1" then "0": P(1)=0.5 split by P("0" next)=0.8 -> 0.4 on 10, 0.1 on 1 ; P(9)=0.5
+    toks = [
+        {"token": "PROCESS_SCORE: ", "top_logprobs": []},
+        {"token": "1", "top_logprobs": [{"token": "1", "logprob": -0.693147},
+                                        {"token": "9", "logprob": -0.693147}]},
+        {"token": "0", "top_logprobs": [{"token": "0", "logprob": -0.223144},
+                                        {"token": "\n", "logprob": -1.609438}]},
+    ]
+    # expected = 0.1*1 + 0.4*10 + 0.5*9 = 8.6
+    assert abs(expected_score_from_logprobs(toks) - 8.6) < 1e-4

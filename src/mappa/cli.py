@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_text in [
         ("train", "rollout -> coach -> update for train.steps steps"),
         ("eval", "pipeline accuracy on a task set, graded deterministically"),
+        ("coach-check", "score built-in good and bad actions: does the coach discriminate?"),
     ]:
         s = sub.add_parser(name, help=help_text)
         s.add_argument("--config", type=Path, default=None, help="run config YAML (default: demo)")
@@ -68,6 +69,17 @@ def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _coach_check(cfg: RunConfig) -> int:
+    from mappa.coach.check import run_check
+    from mappa.train import load_policies, make_coach
+
+    needs_policy = cfg.coach.backend == "local" and cfg.coach.local.model_path is None
+    policies = load_policies(cfg) if needs_policy and cfg.coach.cache.mode != "replay" else None
+    table, _ = run_check(make_coach(cfg, policies), {a.name: a.role for a in cfg.agents})
+    print(table)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     config_path = args.config or default_config()
@@ -83,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = train(cfg)
         print(f"run directory: {run_dir}")
         return 0
+    if args.command == "coach-check":
+        return _coach_check(cfg)
     return _eval(cfg, args)
 
 

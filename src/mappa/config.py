@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -125,6 +125,12 @@ class HttpCoachConfig(_Strict):
     concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
     temperature: float = Field(0.0, ge=0.0)
     max_tokens: int = Field(512, ge=8)
+    score_mode: Literal["sample", "expected"] = Field(
+        "sample",
+        description="`sample`: the score the coach wrote. `expected`: the expected value over "
+        "the probabilities of 0-10 at the score position (needs a server with logprobs).",
+    )
+    top_logprobs: int = Field(20, ge=1, le=20, description="Alternatives per token in expected mode.")
 
 
 class LocalCoachConfig(_Strict):
@@ -138,11 +144,38 @@ class LocalCoachConfig(_Strict):
     batch_size: int = Field(4, ge=1)
 
 
+class CoachCacheConfig(_Strict):
+    """A persistent cache of coach scores: reruns and resumes never pay twice."""
+
+    mode: Literal["off", "readwrite", "replay"] = Field(
+        "readwrite", description="`replay` answers only from the cache and fails on a miss."
+    )
+    path: str | None = Field(
+        None, description="SQLite file (default: coach_cache.sqlite in the user cache dir)."
+    )
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
+
+
+class CoachPrices(_Strict):
+    """USD per million tokens, for the cost estimate in metrics."""
+
+    prompt: float = Field(0.0, ge=0.0)
+    completion: float = Field(0.0, ge=0.0)
+
+
 class CoachConfig(_Strict):
     """Who scores every action 0-10 (DESIGN.md §1)."""
 
     backend: Literal["local", "http"] = "local"
-    template: Literal["mathchat"] = Field("mathchat", description="Prompt template family.")
+    template: str = Field(
+        "mathchat",
+        description="`mathchat`, `dsbench`, or the path of a YAML template of your own "
+        "(checked at start: an unknown placeholder is an error).",
+    )
     observation_chars: int = Field(
         2000, ge=100, description="Tool output shown to the coach (head and tail kept)."
     )
@@ -152,8 +185,17 @@ class CoachConfig(_Strict):
     exclude_flagged: bool = Field(
         True, description="Leave actions whose score is a flagged fallback out of training."
     )
+    cache: CoachCacheConfig = Field(default_factory=CoachCacheConfig)
+    price_per_mtok: CoachPrices = Field(default_factory=CoachPrices)
     http: HttpCoachConfig = Field(default_factory=HttpCoachConfig)
     local: LocalCoachConfig = Field(default_factory=LocalCoachConfig)
+
+    @model_validator(mode="after")
+    def _check_template(self) -> CoachConfig:
+        from mappa.coach.templates import load_template
+
+        load_template(self.template)  # raises TemplateError (a ValueError) naming the problem
+        return self
 
 
 class RLConfig(_Strict):
@@ -203,12 +245,63 @@ class RLConfig(_Strict):
 
 
 class SandboxConfig(_Strict):
-    """Where agents' code runs (a subprocess in a per-episode workspace)."""
+    """Where and under which limits agents' code runs (docs: `mappa.sandbox`).
 
+    All agents of an episode share one workspace directory; nothing else of the host is
+    writable and, with bwrap, nothing else is visible.
+    """
+
+    backend: Literal["auto", "bwrap", "process", "sandboxfusion"] = Field(
+        "auto",
+        description="`bwrap`: bubblewrap isolation (read-only system, private /tmp, no "
+        "network, own PID namespace). `process`: a plain subprocess with limits; weaker, "
+        "warns at start. `sandboxfusion`: a SandboxFusion server at `sandboxfusion_url`. "
+        "`auto`: bwrap when it works here, else process.",
+    )
+    mode: Literal["stateless", "persistent"] = Field(
+        "stateless",
+        description="`stateless`: every code block is a fresh script (the paper). "
+        "`persistent`: one interpreter per agent per episode keeps variables between blocks.",
+    )
+    pool_size: int = Field(4, ge=1, description="Code blocks of different episodes run at once.")
     timeout_s: float = Field(10.0, gt=0, description="Wall-clock limit per code block.")
+    cpu_time_s: float | None = Field(
+        None, gt=0, description="CPU seconds per process per block (null: 2 x timeout_s)."
+    )
+    memory_mb: int = Field(
+        2048, ge=64, description="Address space per process, MiB (RLIMIT_AS)."
+    )
+    max_processes: int = Field(
+        32, ge=1, description="Processes plus threads one block may have at once."
+    )
+    file_size_mb: int = Field(256, ge=1, description="Largest file a block may write, MiB.")
+    tmp_size_mb: int = Field(
+        256, ge=1, description="Size of the private /tmp and /dev/shm (bwrap; held in RAM), MiB."
+    )
     max_output_chars: int = Field(
         8000, ge=100, description="Stdout/stderr kept per run (head and tail)."
     )
+    max_output_mb: float = Field(
+        8.0, gt=0, description="Output after which a block is stopped (status `killed`), MiB."
+    )
+    python: str | None = Field(
+        None, description="Interpreter for agents' code (null: the one running mappa)."
+    )
+    uid_base: int = Field(
+        2_000_000_000,
+        ge=1000,
+        description="When run as root, code runs as uids uid_base+1... (group uid_base); "
+        "they must be unused on this machine.",
+    )
+    sandboxfusion_url: str = Field(
+        "http://localhost:8080", description="SandboxFusion server for backend `sandboxfusion`."
+    )
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> SandboxConfig:
+        if self.mode == "persistent" and self.backend == "sandboxfusion":
+            raise ValueError("sandbox.mode=persistent needs a local backend (auto, bwrap, process)")
+        return self
 
 
 class TrainConfig(_Strict):

@@ -21,10 +21,12 @@ import yaml
 from tqdm import tqdm
 
 from mappa.coach import CoachBackend, score_episodes
+from mappa.coach.stats import accounting, bias
 from mappa.config import RunConfig
 from mappa.jsonl import append_jsonl
 from mappa.models.loading import load_base
 from mappa.models.policies import AgentPolicies
+from mappa.paths import cache_root
 from mappa.rl.core import KLController, masked_mean
 from mappa.rl.update import build_batch, compute_advantages, policy_step, reference_logprobs
 from mappa.tasks import Task, load_tasks
@@ -44,24 +46,52 @@ def resolve_run_dir(run_dir: Path) -> Path:
     return path
 
 
-def make_coach(cfg: RunConfig, policies: AgentPolicies) -> CoachBackend:
-    """The configured coach; the default local coach reuses the policy base, adapters off."""
+def make_coach(cfg: RunConfig, policies: AgentPolicies | None) -> CoachBackend:
+    """The configured coach, behind the score cache unless it is off.
+
+    The default local coach reuses the policy base with adapters off (no extra memory); in
+    replay mode no backend is built at all, so nothing can reach a server or load a model.
+    """
+    from mappa.coach.cache import CachedCoach, ScoreCache
+    from mappa.coach.templates import load_template
+
+    c = cfg.coach
+    template = load_template(c.template)
+    if c.backend == "http":
+        model_id = f"{c.http.base_url}|{c.http.model}|{c.http.score_mode}|t={c.http.temperature}"
+    else:
+        model_id = f"{c.local.model_path or cfg.model.path}|expected"
+    namespace = f"{template.digest}|{c.backend}|{model_id}"
+    replay = c.cache.mode == "replay"
+    inner: CoachBackend | None = None
+    if not replay:
+        inner = _backend(cfg, template, policies)
+    if c.cache.mode == "off":
+        assert inner is not None
+        return inner
+    path = Path(c.cache.path) if c.cache.path else cache_root() / "coach_cache.sqlite"
+    return CachedCoach(inner, ScoreCache(path), namespace, replay=replay)
+
+
+def _backend(cfg: RunConfig, template: Any, policies: AgentPolicies | None) -> CoachBackend:
     if cfg.coach.backend == "http":
         from mappa.coach.http import HttpCoach
 
-        return HttpCoach(cfg.coach.http)
+        return HttpCoach(cfg.coach.http, template)
     from mappa.coach.local import LocalCoach
     from mappa.models.scorer import ScoreDistributionModel
 
     local = cfg.coach.local
     if local.model_path is None:
+        if policies is None:
+            raise ValueError("the local coach without coach.local.model_path needs the policy model")
         dist = ScoreDistributionModel(
             policies.model, policies.tokenizer, local.batch_size, activate=lambda: policies.use(None)
         )
     else:
         model, tokenizer = load_base(local.model_path, cfg.model.dtype, cfg.model.device)
         dist = ScoreDistributionModel(model, tokenizer, local.batch_size)
-    return LocalCoach(dist)
+    return LocalCoach(dist, template)
 
 
 def task_batches(tasks: Sequence[Task], per_step: int, samples: int, seed: int) -> Iterator[list[Task]]:
@@ -108,9 +138,6 @@ def step_metrics(step: int, episodes: list[Episode], agents: Sequence[str]) -> d
         out[f"actions/{agent}"] = len(acts)
         out[f"truncated/{agent}"] = sum(a.truncated for a in acts)
         out[f"tool_calls/{agent}"] = sum(a.tool_observation is not None for a in acts)
-    out["coach/flagged"] = sum(
-        1 for e in episodes for a in e.actions if a.coach is not None and a.coach.flagged
-    )
     return out
 
 
@@ -179,13 +206,17 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
         episodes = runner.run(next(batches), step=step)
         t_roll = time.monotonic() - t0
         gen_tokens = sum(len(a.completion_ids) for e in episodes for a in e.actions)
-        score_episodes(
-            coach, episodes, roles, names[-1], cfg.coach.observation_chars, cfg.coach.show_ground_truth
+        scores = score_episodes(
+            coach, episodes, roles, names[-1], cfg.coach.observation_chars,
+            cfg.coach.show_ground_truth, cfg.rollout.max_new_tokens,
         )
         t_coach = time.monotonic() - t0 - t_roll
         append_episodes(run_dir / "episodes.jsonl", episodes)  # before training on them
 
         metrics = step_metrics(step, episodes, names)
+        prices = cfg.coach.price_per_mtok
+        metrics.update(accounting(scores, prices.prompt, prices.completion))
+        metrics.update(bias(episodes, names[-1]))
         metrics.update(_update(policies, episodes, names, optimizers, params, cfg, kl_ctl))
         metrics.update(
             rollout_tokens_per_s=gen_tokens / max(t_roll, 1e-9),

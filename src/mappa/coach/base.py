@@ -26,11 +26,15 @@ def build_context(
     final_agent: str,
     observation_chars: int = 2000,
     show_ground_truth: bool = True,
+    output_limit: int | None = None,
 ) -> CoachContext:
     """The coach's view of one action; the reference answer only for the final agent."""
     is_final = action.agent == final_agent
     obs = action.tool_observation
     return CoachContext(
+        truncated=action.truncated,
+        output_limit=output_limit,
+        task_type=episode.task_type,
         task=episode.task,
         agent=action.agent,
         role=roles[action.agent],
@@ -50,12 +54,15 @@ def score_episodes(
     final_agent: str,
     observation_chars: int = 2000,
     show_ground_truth: bool = True,
-) -> None:
+    output_limit: int | None = None,
+) -> list[Score]:
     """Score every action of every episode in place (one batched backend call)."""
     pairs = [(ep, a) for ep in episodes for a in ep.actions]
     contexts = [
-        build_context(ep, a, roles, final_agent, observation_chars, show_ground_truth)
+        build_context(ep, a, roles, final_agent, observation_chars, show_ground_truth, output_limit)
         for ep, a in pairs
     ]
-    for (_, action), score in zip(pairs, backend.score(contexts), strict=True):
+    scores = backend.score(contexts)
+    for (_, action), score in zip(pairs, scores, strict=True):
         action.coach = score
+    return scores

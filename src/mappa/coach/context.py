@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
 class CoachContext:
-    """Everything the coach may see when judging one action (DESIGN.md §1)."""
+    """Everything the coach may see when judging one action (DESIGN.md §1).
+
+    ``ground_truth`` holds the reference answer (MathChat) or the computed metrics
+    (DSBench); it is set only for the final agent and only when enabled. ``files`` is the
+    workspace listing with provenance (DSBench), ``task_type`` feeds the bias statistics.
+    """
 
     task: str
     agent: str
@@ -18,3 +25,11 @@ class CoachContext:
     observation: str | None
     is_final: bool
     ground_truth: str | None
+    truncated: bool = False
+    output_limit: int | None = None
+    files: str | None = None
+    task_type: str = "default"
+
+    def digest(self) -> str:
+        """A stable hash of everything the coach sees (the cache key's context part)."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from mappa.coach.context import CoachContext
-from mappa.coach.templates import render_messages
+from mappa.coach.templates import CoachTemplate, render_messages
 from mappa.workflow.records import Score
 
 SCORE_PREFIX = "Analysis omitted.\nPROCESS_SCORE:"
@@ -32,19 +32,20 @@ class LocalCoach:
 
     name = "local"
 
-    def __init__(self, distribution: ScoreDistribution) -> None:
+    def __init__(self, distribution: ScoreDistribution, template: CoachTemplate) -> None:
         self.distribution = distribution
+        self.template = template
 
     def score(self, contexts: Sequence[CoachContext]) -> list[Score]:
         start = time.monotonic()
-        probs = self.distribution([render_messages(c) for c in contexts], SCORE_PREFIX)
+        probs = self.distribution([render_messages(self.template, c) for c in contexts], SCORE_PREFIX)
         per = (time.monotonic() - start) / max(1, len(contexts))
         scores = []
         for p in probs:
             mass = sum(p)
             if mass < 1e-6:  # the model puts no weight on any score: no signal, say so
                 scores.append(Score(5.0, "no probability on any score token", None, True,
-                                    self.name, per))
+                                    self.name, per, flag_reason="no_score_mass"))
                 continue
             expected = sum(s * q for s, q in enumerate(p)) / mass
             top = max(range(len(p)), key=p.__getitem__)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -40,3 +41,48 @@ def parse_score(text: str, lenient: bool = False) -> ParsedScore:
     correct = _CORRECT.findall(text)
     answer = correct[-1].lower() in {"1", "true", "yes"} if correct else None
     return ParsedScore(value, answer)
+
+
+_BEFORE_SCORE = re.compile(r"PROCESS_SCORE\s*[:=]\s*$", re.IGNORECASE)
+
+
+def _score_token(token: str) -> int | None:
+    t = token.strip()
+    return int(t) if t.isdigit() and int(t) <= 10 and len(t) <= 2 else None
+
+
+def expected_score_from_logprobs(tokens: list[dict]) -> float | None:
+    """Expected score from an OpenAI-style ``logprobs.content`` list (with ``top_logprobs``).
+
+    Finds the last token that follows ``PROCESS_SCORE:`` and is a number, and averages the
+    scores 0-10 over its top alternatives. Where "10" is two tokens, the probability of "1"
+    is split into 1 and 10 by the probability of "0" at the next position (known only when
+    "1" was the sampled token). None when no such position exists.
+
+    >>> toks = [{"token": "PROCESS_SCORE:", "top_logprobs": []},
+    ...         {"token": " 8", "top_logprobs": [{"token": " 8", "logprob": -0.2231},
+    ...                                          {"token": " 6", "logprob": -1.6094}]}]
+    >>> round(expected_score_from_logprobs(toks), 2)
+    7.6
+    """
+    text, position = "", None
+    for i, tok in enumerate(tokens):
+        if _BEFORE_SCORE.search(text.replace("*", "")) and _score_token(tok.get("token", "")) is not None:
+            position = i
+        text += tok.get("token", "")
+    if position is None:
+        return None
+    probs = [0.0] * 11
+    for alt in tokens[position].get("top_logprobs") or [{"token": tokens[position]["token"], "logprob": 0.0}]:
+        value = _score_token(alt.get("token", ""))
+        if value is not None:
+            probs[value] += math.exp(alt["logprob"])
+    if _score_token(tokens[position]["token"]) == 1 and position + 1 < len(tokens):
+        p_zero = sum(
+            math.exp(a["logprob"]) for a in tokens[position + 1].get("top_logprobs") or []
+            if a.get("token", "").strip() == "0"
+        )
+        probs[10] += probs[1] * p_zero
+        probs[1] *= 1 - p_zero
+    mass = sum(probs)
+    return sum(s * p for s, p in enumerate(probs)) / mass if mass > 0 else None

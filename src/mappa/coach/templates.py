@@ -1,77 +1,130 @@
-"""Coach prompt templates (MathChat), written from DESIGN.md §1.
+"""Coach prompt templates, loaded from YAML files and checked before a run starts.
 
-The coach sees the task, the agent's role, the agent's full input, its output and the tool
-observation; only when scoring the final agent, and only if enabled, the reference answer.
+Shipped templates live in ``mappa/coach/prompts/`` (``mathchat``, ``dsbench``); a user
+template is any YAML file with the same sections. Every placeholder must be one the context
+can fill: an unknown one is a config error at start, not a ``KeyError`` at step 40.
 """
 
 from __future__ import annotations
 
+import hashlib
+import string
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
 from mappa.coach.context import CoachContext
 
-MATHCHAT_SYSTEM = """\
-You are a strict, fair coach for a team of AI agents that solve math problems together: \
-a Problem Solver reasons about the problem, a Code Executor writes and runs Python to \
-check or compute the result, and a Verifier states the final answer as \\boxed{{answer}}. \
-You judge ONE action of ONE agent: how much it helped the team reach a correct answer.
-
-Judge by evidence. Reward correct reasoning, code that runs and computes the right thing, \
-and clear hand-offs. Penalise errors, code that fails or does not answer the question, \
-ignoring useful earlier work, and missing the required format. An agent that fails only \
-because an earlier agent gave it bad input deserves a middling score (3-5); the agent that \
-caused the failure deserves a low one (0-2).
-
-Reply with a short analysis (at most 120 words), then a line `PROCESS_SCORE: x` where x is \
-an integer from 0 (harmful) to 10 (exceptional).{final_rule}"""
-
-_FINAL_RULE = (
-    " As this is the final agent, add a last line `ANSWER_CORRECT: 1` if its boxed answer "
-    "is correct, else `ANSWER_CORRECT: 0`."
-)
-
-MATHCHAT_USER = """\
-## Problem
-{task}
-
-## Agent
-{agent} (action {turn}). Role: {role}
-
-## What the agent saw
-{agent_input}
-
-## What the agent wrote
-{output}
-
-## Tool output
-{observation}
-{ground_truth}"""
-
-CORRECTIVE = (
-    "Your reply lacked the required line. Answer again with only the line "
-    "`PROCESS_SCORE: x` (x an integer from 0 to 10){final}."
-)
+# Placeholders each section may use.
+ALLOWED_FIELDS: dict[str, set[str]] = {
+    "system": {"output_limit"},
+    "final_system": {"output_limit"},
+    "reference": {"ground_truth"},
+    "user": {
+        "task", "agent", "role", "turn", "agent_input", "output", "observation", "files",
+        "output_limit", "truncated_note", "reference", "task_type",
+    },
+    "corrective": {"final_corrective"},
+}
+SHIPPED = ("mathchat", "dsbench")
 
 
-def render_messages(ctx: CoachContext) -> list[dict[str, str]]:
-    """Chat messages asking the coach to judge one action."""
-    system = MATHCHAT_SYSTEM.format(final_rule=_FINAL_RULE if ctx.is_final else "")
-    truth = (
-        f"\n## Reference answer (for your judgement only)\n{ctx.ground_truth}"
-        if ctx.ground_truth is not None
-        else ""
+class TemplateError(ValueError):
+    """A template file that cannot be used; the message names the file and the section."""
+
+
+@dataclass(frozen=True)
+class CoachTemplate:
+    name: str
+    system: str
+    final_system: str
+    reference: str
+    user: str
+    corrective: str
+    source: str
+
+    @property
+    def digest(self) -> str:
+        """Hash of the template text (part of the cache key: editing it invalidates scores)."""
+        text = "\x00".join([self.system, self.final_system, self.reference, self.user, self.corrective])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _fields(text: str) -> set[str]:
+    return {f for _, f, _, _ in string.Formatter().parse(text) if f is not None}
+
+
+def load_template(name_or_path: str) -> CoachTemplate:
+    """Load a shipped template by name, or a user template from a YAML path, and check it."""
+    if name_or_path in SHIPPED:
+        source = str(resources.files("mappa.coach") / "prompts" / f"{name_or_path}.yaml")
+    else:
+        source = name_or_path
+    path = Path(source)
+    if not path.is_file():
+        raise TemplateError(f"coach template {name_or_path!r}: no such template or file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise TemplateError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise TemplateError(f"{path}: expected a mapping of sections")
+    unknown = set(data) - set(ALLOWED_FIELDS) - {"name"}
+    if unknown:
+        raise TemplateError(f"{path}: unknown sections {sorted(unknown)}")
+    for section in ("system", "user"):
+        if not data.get(section):
+            raise TemplateError(f"{path}: section {section!r} is required")
+    for section, allowed in ALLOWED_FIELDS.items():
+        try:
+            bad = _fields(str(data.get(section) or "")) - allowed
+        except ValueError as err:
+            raise TemplateError(f"{path}: section {section!r}: malformed: {err}") from err
+        if bad:
+            raise TemplateError(
+                f"{path}: section {section!r} uses placeholders {sorted(bad)} the context "
+                f"cannot fill; allowed: {sorted(allowed)}"
+            )
+    return CoachTemplate(
+        name=str(data.get("name") or path.stem),
+        system=data["system"],
+        final_system=data.get("final_system") or "",
+        reference=data.get("reference") or "{ground_truth}",
+        user=data["user"],
+        corrective=data.get("corrective")
+        or "Answer again with only the line `PROCESS_SCORE: x` (x from 0 to 10){final_corrective}.",
+        source=str(path),
     )
-    user = MATHCHAT_USER.format(
+
+
+def render_messages(template: CoachTemplate, ctx: CoachContext) -> list[dict[str, str]]:
+    """Chat messages asking the coach to judge one action."""
+    limit = str(ctx.output_limit) if ctx.output_limit else "a fixed number of"
+    system = template.system.format(output_limit=limit)
+    if ctx.is_final:
+        system += template.final_system.format(output_limit=limit)
+    reference = (
+        template.reference.format(ground_truth=ctx.ground_truth) if ctx.ground_truth is not None else ""
+    )
+    user = template.user.format(
         task=ctx.task,
         agent=ctx.agent,
-        turn=ctx.turn + 1,
         role=ctx.role,
+        turn=ctx.turn + 1,
         agent_input=ctx.agent_input,
         output=ctx.output,
         observation=ctx.observation if ctx.observation is not None else "(no code was run)",
-        ground_truth=truth,
+        files=ctx.files or "(no files)",
+        output_limit=limit,
+        truncated_note=" (cut off at the length limit)" if ctx.truncated else "",
+        reference=reference,
+        task_type=ctx.task_type,
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
-def corrective_message(ctx: CoachContext) -> dict[str, str]:
-    final = " and then `ANSWER_CORRECT: 0|1`" if ctx.is_final else ""
-    return {"role": "user", "content": CORRECTIVE.format(final=final)}
+def corrective_message(template: CoachTemplate, ctx: CoachContext) -> dict[str, str]:
+    final = ", then the line `ANSWER_CORRECT: 0` or `ANSWER_CORRECT: 1`" if ctx.is_final else ""
+    return {"role": "user", "content": template.corrective.format(final_corrective=final)}

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from mappa.paths import cache_root
+
 log = logging.getLogger(__name__)
 
 PYPI_PREFIX = "pypi:"
@@ -41,14 +43,6 @@ KNOWN_GGUF_PACKAGES: dict[str, GgufPackage] = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     ),
 }
-
-
-def cache_root() -> Path:
-    """``$MAPPA_CACHE_DIR``, else ``$XDG_CACHE_HOME/mappa``, else ``~/.cache/mappa``."""
-    if env := os.environ.get("MAPPA_CACHE_DIR"):
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mappa"
 
 
 def _sha256(path: Path) -> str:

@@ -21,6 +21,7 @@ class Score:
 
     ``flagged`` marks a fallback value (coach unreachable or unparseable): it is recorded but
     left out of training by default, so a coach outage never pretends to be feedback.
+    ``flag_reason`` says why (``unavailable``, ``unparseable``, ``no_score_mass``).
     """
 
     value: float
@@ -30,6 +31,11 @@ class Score:
     backend: str = ""
     latency_s: float = 0.0
     tokens: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    retries: int = 0
+    cached: bool = False
+    flag_reason: str = ""
 
 
 @dataclass
