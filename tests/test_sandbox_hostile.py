@@ -1,0 +1,256 @@
+"""Hostile programs (issue 4): each must end within its limit, with the right status and a
+message naming the limit, leave no process behind, and leave the host untouched.
+
+Every test runs under explicit small limits. Tests that only a contained sandbox survives
+(fork bombs, killing other processes, writing outside) are skipped for a backend that
+cannot contain them here, rather than run unlimited on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mappa.sandbox import BwrapBackend, ExecutionResult, Limits, ProcessBackend, bwrap_problem
+from mappa.sandbox.backends.local import LocalBackend
+from mappa.sandbox.identity import DEFAULT_UID_BASE, host_is_root
+from mappa.sandbox.limits import MiB
+
+pytestmark = pytest.mark.filterwarnings("ignore::mappa.sandbox.SandboxIsolationWarning")
+
+SMALL = Limits(
+    wall_time_s=3.0,
+    cpu_time_s=3.0,
+    memory_bytes=512 * MiB,
+    max_processes=16,
+    file_size_bytes=16 * MiB,
+    tmp_bytes=16 * MiB,
+    max_output_chars=2000,
+    max_output_bytes=1 * MiB,
+)
+SLACK_S = 2.0  # start-up and clean-up on a busy 2-core machine
+
+
+def _process_backend() -> ProcessBackend:
+    """As root, containment needs an interpreter an unprivileged uid can read (a pyenv
+    under /root is not): fall back to the system Python for these stdlib-only programs."""
+    candidates = [sys.executable]
+    system = shutil.which("python3", path="/usr/bin:/bin")
+    if system:
+        candidates.append(system)
+    for python in candidates:
+        backend = ProcessBackend(python)
+        if not host_is_root() or backend.runs_as_sandbox_uid():
+            return backend
+    return ProcessBackend()
+
+
+@pytest.fixture(params=["bwrap", "process"], scope="module")
+def backend(request: pytest.FixtureRequest) -> LocalBackend:
+    if request.param == "bwrap":
+        problem = bwrap_problem()
+        if problem is not None:
+            pytest.skip(f"bwrap backend unavailable here: {problem}")
+        return BwrapBackend()
+    return _process_backend()
+
+
+def contained(backend: LocalBackend) -> bool:
+    """Whether code runs apart from the host's uid (so it cannot signal or write as us)."""
+    return isinstance(backend, BwrapBackend) or backend.runs_as_sandbox_uid()
+
+
+def require_contained(backend: LocalBackend) -> None:
+    if not contained(backend):
+        pytest.skip(
+            f"the {backend.name} backend runs code as the host's own uid here "
+            f"({'root' if host_is_root() else 'this user'}): it cannot contain this; use bwrap"
+        )
+
+
+def sandbox_processes() -> list[int]:
+    """Live processes running as any sandbox uid."""
+    lo, hi = DEFAULT_UID_BASE + 1, DEFAULT_UID_BASE + 1024
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                status = Path(f"/proc/{entry}/status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if lo <= int(fields["Uid"].split()[0]) <= hi and not fields["State"].strip().startswith("Z"):
+                found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    (tmp_path / "ws").mkdir()
+    return tmp_path / "ws"
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> object:
+    """No sandbox process survives its run. Processes already killed may take a moment to
+    finish exiting (the kernel tears a PID namespace down asynchronously): allow 2 s."""
+    yield
+    if host_is_root():
+        give_up = time.monotonic() + 2.0
+        while (left := sandbox_processes()) and time.monotonic() < give_up:
+            time.sleep(0.05)
+        assert left == [], "a sandbox process outlived its run"
+
+
+def run(backend: LocalBackend, code: str, ws: Path, limits: Limits = SMALL) -> ExecutionResult:
+    result = backend.execute(code, ws, limits)
+    assert result.duration_s < limits.wall_time_s + SLACK_S, result
+    return result
+
+
+def test_infinite_loop_times_out(backend: LocalBackend, ws: Path) -> None:
+    limits = Limits(wall_time_s=1.0, cpu_time_s=30)
+    result = run(backend, "while True:\n    pass", ws, limits)
+    assert (result.status, result.limit) == ("timeout", "wall_time")
+    assert "wall time limit of 1 s" in result.observation()
+
+
+def test_cpu_limit_kills(backend: LocalBackend, ws: Path) -> None:
+    limits = Limits(wall_time_s=10.0, cpu_time_s=1)
+    result = backend.execute("while True:\n    pass", ws, limits)
+    assert (result.status, result.limit) == ("killed", "cpu_time"), result
+    assert "CPU time limit of 1 s" in result.observation() and result.duration_s < 5
+
+
+@pytest.mark.integration  # saturates both cores for its whole wall time
+def test_fork_bomb_is_contained(backend: LocalBackend, ws: Path) -> None:
+    require_contained(backend)
+    # Every process forks forever and ignores failures: only the limits stop it.
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    result = run(backend, code, ws, Limits(wall_time_s=1.5, max_processes=16))
+    assert (result.status, result.limit) == ("timeout", "wall_time")
+    assert subprocess.run(["true"]).returncode == 0  # the host can still fork
+
+
+def test_while_true_fork_hits_process_limit(backend: LocalBackend, ws: Path) -> None:
+    require_contained(backend)
+    result = run(backend, "import os\nwhile True:\n    os.fork()", ws, Limits(wall_time_s=5, max_processes=16))
+    assert (result.status, result.limit) == ("error", "processes"), result
+    assert "process limit of 16" in result.observation()
+
+
+def test_allocating_8_gb_fails_with_memory_limit(backend: LocalBackend, ws: Path) -> None:
+    result = run(backend, "x = bytearray(8 * 1024**3)\nprint('allocated')", ws)
+    assert (result.status, result.limit) == ("error", "memory")
+    assert "MemoryError" in result.stderr and "allocated" not in result.stdout
+    assert "memory limit of 512 MiB" in result.observation()
+
+
+def test_writing_1_gb_file_stops_at_file_size_limit(backend: LocalBackend, ws: Path) -> None:
+    code = "with open('big.bin', 'wb') as f:\n    for _ in range(1024):\n        f.write(bytes(1 << 20))"
+    result = run(backend, code, ws)
+    assert (result.status, result.limit) == ("error", "file_size")
+    assert "file size limit of 16 MiB" in result.observation()
+    assert (ws / "big.bin").stat().st_size <= SMALL.file_size_bytes
+    assert result.files_changed == {"big.bin": (ws / "big.bin").stat().st_size}
+
+
+def test_printing_100_mb_is_stopped_and_cut(backend: LocalBackend, ws: Path) -> None:
+    code = "import sys\nline = 'x' * 999_999 + '\\n'\nsys.stdout.write('START\\n')\nfor _ in range(100):\n    sys.stdout.write(line)"
+    result = run(backend, code, ws)
+    assert (result.status, result.limit) == ("killed", "output")
+    assert result.stdout.startswith("START") and "chars cut" in result.stdout
+    assert len(result.stdout) < SMALL.max_output_chars + 100
+    assert "output limit of 1 MiB" in result.observation()
+
+
+def test_parent_environment_is_not_visible(
+    backend: LocalBackend, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-host-secret")
+    code = (
+        "import os\nprint(os.environ.get('OPENAI_API_KEY'))\nprint(sorted(os.environ))\n"
+        f"try:\n    print(open('/proc/{os.getpid()}/environ', 'rb').read())\n"
+        "except OSError as e:\n    print('environ unreadable:', type(e).__name__)"
+    )
+    result = run(backend, code, ws)
+    assert result.status == "ok"
+    assert "sk-host-secret" not in result.stdout and result.stdout.splitlines()[0] == "None"
+    if contained(backend):
+        assert "environ unreadable" in result.stdout
+
+
+def test_writes_outside_the_workspace_fail(backend: LocalBackend, ws: Path) -> None:
+    require_contained(backend)
+    outside_abs = ws.parent / "absolute_outside.txt"
+    code = (
+        "import os\n"
+        f"for path in ['../outside.txt', {str(outside_abs)!r}, '/etc/mappa-sandbox-test', '/usr/mappa-test']:\n"
+        "    try:\n        open(path, 'w').write('escaped')\n        print('WROTE', path)\n"
+        "    except OSError as e:\n        print('denied', path, type(e).__name__)"
+    )
+    result = run(backend, code, ws)
+    assert "WROTE" not in result.stdout, result.stdout
+    assert not (ws.parent / "outside.txt").exists() and not outside_abs.exists()
+    assert not Path("/etc/mappa-sandbox-test").exists() and not Path("/usr/mappa-test").exists()
+
+
+def test_socket_to_localhost_fails(backend: LocalBackend, ws: Path) -> None:
+    if not isinstance(backend, BwrapBackend):
+        pytest.skip("the process backend has no network namespace: code can use the network")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(0.5)
+        port = server.getsockname()[1]
+        code = (
+            "import socket\ntry:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'hi')\n"
+            "    print('CONNECTED')\nexcept OSError as e:\n    print('no network:', type(e).__name__)"
+        )
+        result = run(backend, code, ws)
+        assert "no network" in result.stdout and "CONNECTED" not in result.stdout
+        with pytest.raises(TimeoutError):
+            server.accept()
+
+
+def test_killing_its_parent_and_everyone_leaves_the_host_alive(backend: LocalBackend, ws: Path) -> None:
+    require_contained(backend)
+    bystander = subprocess.Popen(["sleep", "30"])  # a host process the code must not reach
+    try:
+        code = (
+            "import os, signal\nfor target in (os.getppid(), -1):\n    try:\n"
+            "        os.kill(target, signal.SIGKILL)\n    except OSError as e:\n"
+            "        print('refused', target, type(e).__name__)\nprint('survived')"
+        )
+        result = run(backend, code, ws)
+        assert result.status in ("ok", "killed")  # kill(-1) may take the code down with it
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_background_child_is_killed_when_the_script_ends(backend: LocalBackend, ws: Path) -> None:
+    code = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        "        time.sleep(0.3)\n        open('late.txt', 'w').write('still alive')\n"
+        "    os._exit(0)\nprint('script done')"
+    )
+    result = run(backend, code, ws)
+    assert result.status == "ok" and result.duration_s < 0.3 + SLACK_S
+    time.sleep(0.6)
+    assert not (ws / "late.txt").exists()
+
+
+def test_ctypes_segfault_is_reported(backend: LocalBackend, ws: Path) -> None:
+    result = run(backend, "import ctypes\nctypes.string_at(0)", ws)
+    assert result.status == "killed" and result.exit_code == -11
+    assert "SIGSEGV (segmentation fault)" in result.observation()
