@@ -39,7 +39,7 @@ class Limits:
     """CPU seconds per process (``RLIMIT_CPU``); the kernel stops it with SIGXCPU."""
     memory_bytes: int = 2 * GiB
     """Address space per process (``RLIMIT_AS``); allocations beyond it fail (MemoryError)."""
-    max_processes: int = 32
+    max_processes: int = 16
     """Processes and threads of one sandbox (``RLIMIT_NPROC``, per sandbox uid/namespace)."""
     file_size_bytes: int = 256 * MiB
     """Largest file the code may write (``RLIMIT_FSIZE``); bigger writes fail with EFBIG."""
