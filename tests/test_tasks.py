@@ -1,4 +1,4 @@
-"""Built-in arithmetic tasks, task files and the deterministic grader."""
+"""Built-in arithmetic tasks, task files, Hugging Face dataset dirs and split hygiene."""
 
 from __future__ import annotations
 
@@ -8,56 +8,100 @@ from pathlib import Path
 
 import pytest
 
-from mappa.tasks import load_tasks
-from mappa.tasks.arithmetic import generate
-from mappa.tasks.grader import answers_match, extract_boxed, grade
+from mappa.tasks import Task, load_tasks
+from mappa.tasks.arithmetic import LEVELS, generate
+from mappa.tasks.splits import SplitOverlapError, check_disjoint, find_overlap, normalize_text
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
 
 
 def _solve(prompt: str) -> int:
     """An independent reading of the generated sentences (not the generator's own sums)."""
+    if m := re.fullmatch(r"What is (\d+) ([-+*]) (\d+)\?", prompt):
+        a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+        return {"+": a + b, "-": a - b, "*": a * b}[op]
     value = int(re.search(r"has (\d+) ", prompt).group(1))
     for sentence in prompt.split(". ")[1:]:
-        if m := re.search(r"get (\d+) more", sentence):
+        if m := re.search(r"gets (\d+) more", sentence):
             value += int(m.group(1))
-        elif m := re.search(r"give away (\d+)", sentence):
+        elif m := re.search(r"gives away (\d+)", sentence):
             value -= int(m.group(1))
         elif m := re.search(r"multiplied by (\d+)", sentence):
             value *= int(m.group(1))
-        elif m := re.search(r"buy (\d+) boxes with (\d+)", sentence):
+        elif m := re.search(r"buys (\d+) boxes with (\d+)", sentence):
             value += int(m.group(1)) * int(m.group(2))
+        elif m := re.search(r"among (\d+) friends", sentence):
+            assert value % int(m.group(1)) == 0, prompt
+            value //= int(m.group(1))
+        elif m := re.search(r"has (\d+) times as many", sentence):
+            value *= 1 + int(m.group(1))
     return value
 
 
-@pytest.mark.parametrize("difficulty", [1, 2, 3])
-def test_arithmetic_answers_are_exact_and_seeded(difficulty: int) -> None:
-    tasks = generate(50, seed=3, difficulty=difficulty)
-    assert tasks == generate(50, seed=3, difficulty=difficulty)
-    assert tasks != generate(50, seed=4, difficulty=difficulty)
+@pytest.mark.parametrize("difficulty", range(1, LEVELS + 1))
+def test_arithmetic_answers_are_exact_seeded_and_unique(difficulty: int) -> None:
+    tasks = generate(60, seed=3, difficulty=difficulty)
+    assert tasks == generate(60, seed=3, difficulty=difficulty)
+    assert tasks != generate(60, seed=4, difficulty=difficulty)
+    assert generate(70, seed=3, difficulty=difficulty)[:60] == tasks  # one stream
     for t in tasks:
         assert t.answer is not None and int(t.answer) >= 0
         assert _solve(t.prompt) == int(t.answer), t.prompt
-    assert len({t.task_id for t in tasks}) == 50
+    assert len({t.task_id for t in tasks}) == len({normalize_text(t.prompt) for t in tasks}) == 60
 
 
-def test_grader() -> None:
-    assert extract_boxed(r"\boxed{\frac{3}{4}} then \boxed{ 12 }") == "12"
-    assert grade(r"so \boxed{1,234}", "1234") == ("1,234", True)
-    assert grade(r"\boxed{\frac{1}{2}}", "0.5")[1]
-    assert grade(r"\boxed{x+1}", "x + 1")[1]
-    assert grade("17", "17") == (None, False)  # no box: wrong
-    assert not answers_match("18", "18.5")
+def test_levels_grow_from_one_operation_to_multi_step() -> None:
+    ops = {d: [t.prompt.count(". Then") for t in generate(40, seed=0, difficulty=d)] for d in range(1, 6)}
+    assert all(p.startswith("What is") for p in (t.prompt for t in generate(20, difficulty=1)))
+    assert set(ops[2]) == {1} and set(ops[3]) == {2} and set(ops[4]) == set(ops[5]) == {3}
+    assert any("among" in t.prompt for t in generate(200, difficulty=4))
+    assert all("together" in t.prompt for t in generate(20, difficulty=5))
+    with pytest.raises(ValueError, match="difficulty"):
+        generate(1, difficulty=6)
 
 
 def test_task_files(tmp_path: Path) -> None:
     p = tmp_path / "t.jsonl"
-    p.write_text('{"prompt": "1+1?", "answer": 2.0, "id": "a"}\n{"prompt": "2+2?", "answer": "4"}\n')
+    p.write_text('{"prompt": "1+1?", "answer": 2.0, "id": "a"}\n{"problem": "2+2?", "answer": "4"}\n')
     tasks = load_tasks(str(p), 0, 1, 0)
-    assert [(t.task_id, t.answer) for t in tasks] == [("a", "2"), ("1", "4")]
-    (tmp_path / "bad.json").write_text(json.dumps([{"question": "x"}]))
+    assert [(t.task_id, t.prompt, t.answer) for t in tasks] == [("a", "1+1?", "2"), ("1", "2+2?", "4")]
+    (tmp_path / "bad.json").write_text(json.dumps([{"text": "x"}]))
     with pytest.raises(ValueError, match="no 'prompt'"):
         load_tasks(str(tmp_path / "bad.json"), 0, 1, 0)
-    if SHARED.is_dir():
-        amc = load_tasks(str(SHARED / "amc_eval_32.json"), 0, 1, 0)
-        assert len(amc) == 32 and amc[0].answer == "18"
+    with pytest.raises(FileNotFoundError):
+        load_tasks(str(tmp_path / "missing.json"), 0, 1, 0)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/data")
+def test_shared_math_files_load() -> None:
+    amc = load_tasks(str(SHARED / "amc_eval_32.json"), 0, 1, 0)
+    assert len(amc) == 32 and amc[0].answer == "18" and amc[0].task_id == "72"
+    aime = load_tasks(str(SHARED / "AIME_1983_2024.json"), 0, 1, 0)
+    assert len(aime) == 933 and aime[0].task_id == "1983-1" and aime[0].answer == "60"
+    pool = load_tasks(str(SHARED / "amc.json"), 0, 1, 0)
+    assert len(find_overlap(amc, pool)) == 32 and not find_overlap(amc, aime)
+
+
+def test_hugging_face_dataset_dir(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    rows = [{"problem": "What is 2+3?", "answer": "5", "unique_id": "p/1"},
+            {"problem": "What is 3*3?", "answer": "9", "unique_id": "p/2"}]
+    ds = datasets.Dataset.from_list(rows)
+    ds.save_to_disk(str(tmp_path / "one"))
+    tasks = load_tasks(str(tmp_path / "one"), 0, 1, 0)
+    assert [(t.task_id, t.prompt, t.answer) for t in tasks] == [
+        ("p/1", "What is 2+3?", "5"), ("p/2", "What is 3*3?", "9")]
+    datasets.DatasetDict({"train": ds, "test": ds.select([1])}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(ValueError, match="several splits"):
+        load_tasks(str(tmp_path / "dd"), 0, 1, 0)
+    assert [t.task_id for t in load_tasks(str(tmp_path / "dd" / "test"), 0, 1, 0)] == ["p/2"]
+
+
+def test_overlap_is_found_by_normalized_text() -> None:
+    train = [Task("t1", "Find $x$ if  $x + 1 = 3$.", "2"), Task("t2", "Compute 7 * 8.", "56")]
+    held = [Task("e1", "find x, if x+1=3", "2"), Task("e2", "Compute 7 * 9.", "63")]
+    assert find_overlap(held, train) == [("e1", "t1")]
+    with pytest.raises(SplitOverlapError, match=r"e1 \(= train t1\)"):
+        check_disjoint(held, train, allow_overlap=False)
+    assert check_disjoint(held, train, allow_overlap=True) == [("e1", "t1")]
+

@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from mappa.tasks.math import reference_text
+
+PROMPT_FIELDS = ("prompt", "problem", "question")
+ANSWER_FIELDS = ("answer", "final_answer")
+ID_FIELDS = ("id", "unique_id", "problem_id")
+"""Column names accepted for each part of a task, first match wins: our files use
+``prompt``/``answer``/``id``; common Hugging Face math sets use ``problem``/``unique_id``."""
 
 
 @dataclass(frozen=True)
@@ -17,6 +27,31 @@ class Task:
     task_type: str = "math"  # for per-task-type statistics and whitening scopes
 
 
+def _first(row: Mapping[str, Any], names: tuple[str, ...]) -> Any:
+    return next((row[n] for n in names if row.get(n) is not None), None)
+
+
+def tasks_from_rows(rows: Iterable[Any], origin: str) -> list[Task]:
+    """Tasks from ``{prompt, answer[, id, type]}`` mappings; a row's index is its default id."""
+    tasks = []
+    for i, row in enumerate(rows):
+        prompt = _first(row, PROMPT_FIELDS) if isinstance(row, Mapping) else None
+        if prompt is None:
+            raise ValueError(f"{origin}: task {i} has no 'prompt' field (or {PROMPT_FIELDS[1:]})")
+        answer, task_id = _first(row, ANSWER_FIELDS), _first(row, ID_FIELDS)
+        tasks.append(
+            Task(
+                task_id=str(i if task_id is None else task_id),
+                prompt=str(prompt),
+                answer=None if answer is None else reference_text(answer),
+                task_type=str(row.get("type") or row.get("task_type") or "math"),
+            )
+        )
+    if not tasks:
+        raise ValueError(f"{origin}: no tasks")
+    return tasks
+
+
 def load_task_file(path: Path) -> list[Task]:
     """Read a JSON list or JSONL file of ``{prompt, answer[, id]}`` objects."""
     text = path.read_text(encoding="utf-8")
@@ -26,38 +61,21 @@ def load_task_file(path: Path) -> list[Task]:
         rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     if not isinstance(rows, list):
         raise ValueError(f"{path}: expected a list of tasks")
-    tasks = []
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict) or "prompt" not in row:
-            raise ValueError(f"{path}: task {i} has no 'prompt' field")
-        answer = row.get("answer")
-        tasks.append(
-            Task(
-                task_id=str(row.get("id", i)),
-                prompt=str(row["prompt"]),
-                answer=None if answer is None else _answer_text(answer),
-                task_type=str(row.get("type") or row.get("task_type") or "math"),
-            )
-        )
-    if not tasks:
-        raise ValueError(f"{path}: no tasks")
-    return tasks
-
-
-def _answer_text(answer: object) -> str:
-    """``18.0`` -> ``"18"``: integral floats in data files are integers."""
-    if isinstance(answer, float) and answer.is_integer():
-        return str(int(answer))
-    return str(answer)
+    return tasks_from_rows(rows, str(path))
 
 
 def load_tasks(source: str, num_tasks: int, difficulty: int, seed: int) -> list[Task]:
-    """``arithmetic`` generates tasks; anything else is a task file path."""
+    """``arithmetic`` generates tasks; a directory is a Hugging Face dataset saved to disk;
+    anything else is a JSON/JSONL task file."""
     if source == "arithmetic":
         from mappa.tasks.arithmetic import generate
 
         return generate(num_tasks, seed=seed, difficulty=difficulty)
     path = Path(source)
+    if path.is_dir():
+        from mappa.tasks.hf import load_dataset_dir
+
+        return load_dataset_dir(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file {path} not found")
     return load_task_file(path)
