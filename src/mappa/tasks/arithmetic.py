@@ -3,7 +3,7 @@
 Runs without data files need tasks, and a small model needs tasks easy enough to get
 some right, so that the coach's scores vary and there is something to learn on a CPU:
 
-1. one operation, bare: ``What is 37 + 45?``
+1. one operation on small numbers, bare: ``What is 17 + 5?``
 2. a one-step word problem
 3. a two-step word problem
 4. a three-step word problem that may share items out equally (exact division)
@@ -63,12 +63,13 @@ _WORD_STEPS: list[Step] = [_add, _sub, _mul, _boxes]
 
 
 def _bare(rng: random.Random) -> tuple[str, int]:
-    """Level 1: one operation on two numbers."""
+    """Level 1: one operation on small numbers (about 700 distinct problems). SmolLM2-135M
+    got 4/16 one-digit and 0/16 two-digit sums right here, so operands stay at most 20."""
     op = rng.choice("+-*")
     if op == "*":
-        a, b = rng.randint(2, 30), rng.randint(2, 12)
+        a, b = rng.randint(2, 12), rng.randint(2, 9)
         return f"What is {a} * {b}?", a * b
-    a, b = rng.randint(10, 99), rng.randint(2, 99)
+    a, b = rng.randint(1, 20), rng.randint(1, 20)
     if op == "-":
         a, b = max(a, b), min(a, b)
         return f"What is {a} - {b}?", a - b

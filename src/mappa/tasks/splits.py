@@ -2,8 +2,8 @@
 
 The reference evaluation set shared 14 of its 32 problems with its training pool; an
 accuracy measured on such a set says little. Problems are compared by normalized text
-(case, whitespace, punctuation and LaTeX spacing ignored), so reformatted copies of the
-same problem are caught too.
+(case, whitespace, punctuation and LaTeX spacing ignored; operators kept), so reformatted
+copies of the same problem are caught too.
 """
 
 from __future__ import annotations
@@ -14,19 +14,21 @@ from collections.abc import Sequence
 
 from mappa.tasks.base import Task
 
-_SPACING = re.compile(r"\\[,;:! ]|\\(?:left|right|displaystyle)\b|~")
-_NON_WORD = re.compile(r"[\W_]+")
+_LATEX_NOISE = re.compile(r"\\[,;:! ]|\\(?:left|right|displaystyle)\b|[~${}]")
+_PUNCTUATION_AND_SPACE = re.compile(r"[\s.,;:!?'\"`]+")
 
 
 def normalize_text(text: str) -> str:
-    r"""The text a duplicate check compares: letters and digits, lowercased, single-spaced.
+    r"""The text a duplicate check compares: case, spacing, punctuation and LaTeX
+    spacing or braces dropped; operators and digits kept (``20 + 6`` is not ``20 - 6``).
 
     >>> normalize_text(r"Find  $x$, if $x^2 = 4$.") == normalize_text("find x if x^{2}=4")
     True
+    >>> normalize_text("What is 20 + 6?") == normalize_text("What is 20 - 6?")
+    False
     """
     s = unicodedata.normalize("NFKC", text).casefold()
-    s = _SPACING.sub(" ", s)
-    return _NON_WORD.sub(" ", s).strip()
+    return _PUNCTUATION_AND_SPACE.sub("", _LATEX_NOISE.sub(" ", s))
 
 
 class SplitOverlapError(ValueError):
