@@ -44,5 +44,5 @@ def test_demo_model_trains_and_evaluates(tmp_path: Path, capsys: pytest.CaptureF
     assert rc == 0
     out = capsys.readouterr().out
     assert "accuracy" in out
-    [result] = read_jsonl(run_dir / "eval.jsonl")
+    result = json.loads((run_dir / "eval.json").read_text())
     assert result["tasks"] == 2 and result["graded"] == 2 and 0.0 <= result["accuracy"] <= 1.0

@@ -36,9 +36,16 @@ def _parser() -> argparse.ArgumentParser:
     ev = sub.choices["eval"]
     ev.add_argument("--adapters", type=Path, default=None,
                     help="a run dir or its adapters/ dir (default: the untrained base)")
-    ev.add_argument("--tasks", default=None, help="task file (default: tasks.eval_source)")
+    ev.add_argument("--tasks", default=None,
+                    help="task file or dataset dir (default: tasks.eval_source, else held-out arithmetic)")
     ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N tasks")
-    ev.add_argument("--out", type=Path, default=None, help="where eval outputs go")
+    ev.add_argument("--out", type=Path, default=None, help="where eval.json and eval_episodes.jsonl go")
+    ev.add_argument("--samples", type=int, default=None,
+                    help="k samples per task for avg@k / pass@k (default: tasks.eval_samples)")
+    ev.add_argument("--temperature", type=float, default=None,
+                    help="sampling temperature, 0 = greedy (default: tasks.eval_temperature)")
+    ev.add_argument("--allow-overlap", action="store_true",
+                    help="evaluate even if tasks also occur in the training set (tasks.source)")
     return p
 
 
@@ -51,22 +58,35 @@ def _setup_logging() -> None:
 
 
 def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
-    from mappa.tasks import load_tasks
-    from mappa.train import evaluate
+    from mappa.config import TaskConfig
+    from mappa.evaluation import checked_heldout, evaluate
 
+    flags = {"eval_samples": args.samples, "eval_temperature": args.temperature,
+             "allow_overlap": args.allow_overlap or None}
+    try:  # the flags are validated exactly like the config keys they override
+        cfg.tasks = TaskConfig.model_validate(
+            {**cfg.tasks.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
+        )
+        tasks = checked_heldout(cfg, args.tasks, args.limit)
+    except (ValueError, OSError) as err:  # bad flags, missing files, SplitOverlapError
+        print(f"mappa: {err}", file=sys.stderr)
+        return 2
     adapters = args.adapters
     if adapters is not None and (adapters / "adapters").is_dir():
         adapters = adapters / "adapters"
-    source = args.tasks or cfg.tasks.eval_source or "arithmetic"
-    tasks = load_tasks(source, cfg.tasks.eval_num_tasks, cfg.tasks.difficulty, cfg.seed + 1_000_003)
-    if args.limit:
-        tasks = tasks[: args.limit]
     out = args.out or (adapters.parent if adapters is not None else Path("runs/eval-base"))
-    result = evaluate(cfg, adapters, tasks, out)
-    width = max(len(k) for k in result)
-    for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
+    source = args.tasks or cfg.tasks.eval_source or "arithmetic (held out)"
+    result = evaluate(cfg, adapters, tasks, out, source)
+    shown = {k: v for k, v in result.items() if k != "per_task"}
+    width = max(len(k) for k in shown)
+    for key, value in shown.items():
+        print(f"{key:<{width}}  {_fmt(value)}")
+    print(f"{'written':<{width}}  {out / 'eval.json'}")
     return 0
+
+
+def _fmt(value: object) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _coach_check(cfg: RunConfig) -> int:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from mappa.tasks.math import AnswerFormat
+
 
 class ConfigError(ValueError):
     """A run configuration that cannot be used; the message names the file and the key."""
@@ -97,19 +99,59 @@ class WorkflowConfig(_Strict):
 
 
 class TaskConfig(_Strict):
-    """Where training tasks come from."""
+    """Where training and held-out tasks come from, and how answers are graded.
+
+    Correctness is always decided by the deterministic grader (`mappa.tasks.math`), never
+    by the coach. Held-out problems are checked against the training problems by
+    normalized text before anything runs (docs/mathchat.md).
+    """
 
     source: str = Field(
         "arithmetic",
-        description="`arithmetic` (built-in seeded word problems) or a JSON/JSONL file path "
-        "with `prompt` and `answer` fields.",
+        description="`arithmetic` (built-in seeded problems), a JSON/JSONL file with "
+        "`prompt` and `answer` fields (optional `id`), or a Hugging Face dataset directory "
+        "written by `save_to_disk` (needs `mappa[hf]`).",
     )
     num_tasks: int = Field(256, ge=1, description="How many arithmetic tasks to generate.")
-    difficulty: int = Field(1, ge=1, le=3, description="Arithmetic: number of operations.")
-    eval_source: str | None = Field(
-        None, description="Tasks for `mappa eval` (default: a fresh arithmetic set)."
+    difficulty: int = Field(
+        1, ge=1, le=5,
+        description="Arithmetic level: 1 one bare operation, 2-4 word problems of 1-3 steps, "
+        "5 multi-step word problems about two people.",
     )
-    eval_num_tasks: int = Field(32, ge=1, description="Arithmetic eval set size.")
+    eval_source: str | None = Field(
+        None,
+        description="Held-out tasks for `mappa eval` and `eval_every` (same forms as "
+        "`source`; default: arithmetic problems from further along the training stream, "
+        "never one of the training problems).",
+    )
+    eval_num_tasks: int = Field(32, ge=1, description="Arithmetic held-out set size.")
+    eval_every: int = Field(
+        0, ge=0, description="Evaluate on the held-out set every N training steps and after "
+        "the last one, logging `eval/...` metrics (0: never during training).",
+    )
+    eval_samples: int = Field(
+        1, ge=1, description="k: samples per held-out problem; reports avg@k and pass@k."
+    )
+    eval_temperature: float = Field(
+        0.0, ge=0.0, description="Sampling temperature for evaluation; 0 is greedy decoding."
+    )
+    allow_overlap: bool = Field(
+        False, description="Evaluate even if held-out problems also occur in the training set "
+        "(the overlap is still reported)."
+    )
+    answer_format: AnswerFormat = Field(
+        "boxed", description="What the final agent's answer is: its last `\\boxed{}`, or its "
+        "last `Answer: ...` line. A response without one is graded wrong."
+    )
+    grade_timeout_s: float = Field(
+        5.0, gt=0.0, description="Time limit for one symbolic (sympy) answer comparison."
+    )
+
+    @model_validator(mode="after")
+    def _check_sampling(self) -> TaskConfig:
+        if self.eval_samples > 1 and self.eval_temperature == 0.0:
+            raise ValueError("eval_samples > 1 needs eval_temperature > 0 (greedy samples are identical)")
+        return self
 
 
 class HttpCoachConfig(_Strict):

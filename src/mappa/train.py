@@ -23,6 +23,7 @@ from tqdm import tqdm
 from mappa.coach import CoachBackend, score_episodes
 from mappa.coach.stats import accounting, bias
 from mappa.config import RunConfig
+from mappa.evaluation import TrainingEvaluator
 from mappa.jsonl import append_jsonl
 from mappa.models.loading import load_base
 from mappa.models.policies import AgentPolicies
@@ -187,6 +188,7 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
     run_dir = resolve_run_dir(cfg.run_dir)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     tasks = load_tasks(cfg.tasks.source, cfg.tasks.num_tasks, cfg.tasks.difficulty, cfg.seed)
+    evaluator = TrainingEvaluator(cfg, tasks, run_dir)  # refuses a held-out set overlapping training
     log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
 
     policies = policies or load_policies(cfg)
@@ -224,6 +226,7 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
             coach_s=t_coach,
             update_s=time.monotonic() - t0 - t_roll - t_coach,
         )
+        metrics.update(evaluator.after_step(step, episodes, policies))
         append_jsonl(run_dir / "metrics.jsonl", [metrics])
         coach_txt = " ".join(f"{n}={_fmt(metrics[f'coach/{n}'])}" for n in names)
         tqdm.write(
@@ -237,30 +240,3 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
     log.info("adapters saved under %s", run_dir / "adapters")
     return run_dir
 
-
-def evaluate(
-    cfg: RunConfig, adapters_dir: Path | None, tasks: Sequence[Task], out_dir: Path
-) -> dict[str, Any]:
-    """Greedy pipeline accuracy on ``tasks``, graded deterministically (never by the coach)."""
-    torch.manual_seed(cfg.seed)
-    policies = load_policies(cfg, adapters_dir)
-    runner = build_runner(cfg, policies, out_dir / "eval_workspaces")
-    names = [a.name for a in cfg.agents]
-    episodes: list[Episode] = []
-    bs = max(cfg.rollout.batch_size, 1)
-    for i in tqdm(range(0, len(tasks), bs), desc="eval", unit="batch"):
-        episodes.extend(runner.run(tasks[i : i + bs], step=i // bs, greedy=True))
-    append_episodes(out_dir / "eval_episodes.jsonl", episodes)
-    graded = [e.correct for e in episodes if e.correct is not None]
-    result: dict[str, Any] = {
-        "tasks": len(episodes),
-        "graded": len(graded),
-        "accuracy": mean(graded) if graded else None,
-        "adapters": str(adapters_dir) if adapters_dir else None,
-    }
-    for n in names:
-        acts = [a for e in episodes for a in e.agent_actions(n)]
-        result[f"actions/{n}"] = len(acts)
-        result[f"tool_calls/{n}"] = sum(a.tool_observation is not None for a in acts)
-    append_jsonl(out_dir / "eval.jsonl", [result])
-    return result
