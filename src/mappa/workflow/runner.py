@@ -21,7 +21,7 @@ from mappa.models.interface import SamplingPolicy
 from mappa.sandbox import Limits, execute, extract_code_blocks
 from mappa.sandbox.execute import cut_middle
 from mappa.tasks import Task
-from mappa.tasks.grader import grade
+from mappa.tasks.math import grade_answer
 from mappa.workflow.chat import ChatFormat
 from mappa.workflow.records import Action, Episode
 
@@ -80,7 +80,7 @@ class PipelineRunner:
         for ep in episodes:
             last = ep.agent_actions(final)[-1]
             if ep.answer is not None:
-                ep.final_answer, ep.correct = grade(last.completion_text, ep.answer)
+                ep.final_answer, ep.correct = grade_answer(last.completion_text, ep.answer)
         return episodes
 
     def _run_agent(
