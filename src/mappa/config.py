@@ -77,11 +77,19 @@ class AgentConfig(_Strict):
         description=(
             "What the agent sees, as a Python format string. Fields: `{task}` and, for every "
             "earlier agent X, `{X_output}` (its last message) and `{X_observation}` (its last "
-            "tool output). Write literal braces as `{{` and `}}`."
+            "tool output), `{files}` (the shared workspace's files and who made them) and "
+            "`{file_warnings}` (files earlier agents owed but did not leave). Write literal "
+            "braces as `{{` and `}}`."
         ),
     )
     max_actions: int = Field(1, ge=1, description="Actions per episode (tool-loop length).")
     run_code: bool = Field(False, description="Execute ```python blocks and show the output.")
+    produces: list[str] = Field(
+        default_factory=list,
+        description="Files this agent must leave in the shared workspace (e.g. X_train.pkl). "
+        "Later agents are warned when one is missing, and a failed run is blamed on the "
+        "first agent that did not deliver.",
+    )
 
 
 class WorkflowConfig(_Strict):
@@ -314,7 +322,8 @@ class SandboxConfig(_Strict):
         2048, ge=64, description="Address space per process, MiB (RLIMIT_AS)."
     )
     max_processes: int = Field(
-        32, ge=1, description="Processes plus threads one block may have at once."
+        16, ge=1, description="Processes plus threads one block may have at once (without "
+        "cgroups, one block's memory is bounded only by memory_mb x max_processes).",
     )
     file_size_mb: int = Field(256, ge=1, description="Largest file a block may write, MiB.")
     tmp_size_mb: int = Field(
@@ -376,7 +385,7 @@ class RunConfig(_Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"agent names must be unique, got {names}")
         for i, agent in enumerate(self.agents):
-            allowed = {"task"} | {
+            allowed = {"task", "files", "file_warnings"} | {
                 f"{prev}_{kind}" for prev in names[:i] for kind in ("output", "observation")
             }
             for field in template_fields(agent.input_template):

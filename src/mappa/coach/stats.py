@@ -65,7 +65,7 @@ def point_biserial(scores: Sequence[float], outcomes: Sequence[bool]) -> float |
 
 
 def bias(episodes: Sequence[Episode], final_agent: str) -> dict[str, float | None]:
-    """Score mean/std by agent and by task type; final-agent score vs true outcome."""
+    """Score mean/std by agent, by task type and by both; final-agent score vs true outcome."""
     by: dict[str, list[float]] = defaultdict(list)
     final_scores, outcomes = [], []
     for ep in episodes:
@@ -74,6 +74,7 @@ def bias(episodes: Sequence[Episode], final_agent: str) -> dict[str, float | Non
                 continue
             by[f"agent/{a.agent}"].append(a.coach.value)
             by[f"task_type/{ep.task_type}"].append(a.coach.value)
+            by[f"agent/{a.agent}/task_type/{ep.task_type}"].append(a.coach.value)
         last = ep.agent_actions(final_agent)
         if ep.correct is not None and last and last[-1].coach and not last[-1].coach.flagged:
             final_scores.append(last[-1].coach.value)

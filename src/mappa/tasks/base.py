@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mappa.tasks.dsbench.spec import DSBenchTask
 from mappa.tasks.math import reference_text
 
 PROMPT_FIELDS = ("prompt", "problem", "question")
@@ -25,6 +26,12 @@ class Task:
     prompt: str
     answer: str | None
     task_type: str = "math"  # for per-task-type statistics and whitening scopes
+    dsbench: DSBenchTask | None = None  # a modeling task: files to share, answers to score
+
+    @staticmethod
+    def from_dsbench(spec: DSBenchTask) -> Task:
+        """A DSBench task: the agents see the description; the outcome is its submission."""
+        return Task(spec.task_id, spec.description, None, spec.task_type, spec)
 
 
 def _first(row: Mapping[str, Any], names: tuple[str, ...]) -> Any:
@@ -64,9 +71,39 @@ def load_task_file(path: Path) -> list[Task]:
     return tasks_from_rows(rows, str(path))
 
 
-def load_tasks(source: str, num_tasks: int, difficulty: int, seed: int) -> list[Task]:
-    """``arithmetic`` generates tasks; a directory is a Hugging Face dataset saved to disk;
-    anything else is a JSON/JSONL task file."""
+DSBENCH_PREFIX = "dsbench:"
+
+
+def load_dsbench(source: str, num_tasks: int, seed: int, root: str | None = None) -> list[Task]:
+    """``dsbench-synthetic`` (generated, cached by seed), ``dsbench-sklearn`` (real datasets
+    shipped with scikit-learn) or ``dsbench:<task list>`` (real DSBench folders under ``root``)."""
+    from mappa.paths import cache_root
+
+    if source == "dsbench-synthetic":
+        from mappa.tasks.dsbench.synthetic import generate
+
+        per_kind = max(1, -(-num_tasks // 3))
+        specs = generate(cache_root() / "dsbench" / f"synthetic-{seed}-{per_kind}", per_kind, seed)
+    elif source == "dsbench-sklearn":
+        from mappa.tasks.dsbench.sklearn_data import generate as sklearn_tasks
+
+        specs = sklearn_tasks(cache_root() / "dsbench" / f"sklearn-{seed}", seed=seed)
+    else:
+        from mappa.tasks.dsbench.loader import load_task_list
+
+        listing = Path(source[len(DSBENCH_PREFIX):])
+        specs, problems = load_task_list(listing, Path(root) if root else listing.parent)
+        if problems:
+            raise FileNotFoundError(f"{listing}: {len(problems)} task(s) cannot load: " + "; ".join(problems[:5]))
+    return [Task.from_dsbench(s) for s in specs]
+
+
+def load_tasks(source: str, num_tasks: int, difficulty: int, seed: int, dsbench_root: str | None = None) -> list[Task]:
+    """``arithmetic`` generates tasks; ``dsbench-*`` and ``dsbench:<list>`` are modeling
+    tasks; a directory is a Hugging Face dataset saved to disk; anything else is a
+    JSON/JSONL task file."""
+    if source.startswith(("dsbench-", DSBENCH_PREFIX)):
+        return load_dsbench(source, num_tasks, seed, dsbench_root)
     if source == "arithmetic":
         from mappa.tasks.arithmetic import generate
 

@@ -52,6 +52,7 @@ class Action:
     completion_text: str
     truncated: bool
     tool_observation: str | None = None
+    workspace_files: str | None = None  # the shared workspace after this action, with provenance
     coach: Score | None = None
 
     @property
@@ -76,6 +77,9 @@ class Episode:
     workspace: str | None = None
     final_answer: str | None = None
     correct: bool | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # outcome metrics (DSBench)
+    coach_reference: str | None = None  # what the coach may see when judging the final agent
+    missing_artifacts: dict[str, list[str]] = field(default_factory=dict)  # agent -> files it owed
 
     def agent_actions(self, agent: str) -> list[Action]:
         return [a for a in self.actions if a.agent == agent]

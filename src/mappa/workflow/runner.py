@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +17,19 @@ from tqdm import tqdm
 
 from mappa.config import AgentConfig, RolloutConfig, SandboxConfig, WorkflowConfig
 from mappa.models.interface import SamplingPolicy
-from mappa.sandbox import Limits, execute, extract_code_blocks
-from mappa.sandbox.execute import cut_middle
+from mappa.sandbox import (
+    Job,
+    Limits,
+    SandboxPool,
+    Workspace,
+    cut_middle,
+    extract_code_blocks,
+    make_backend,
+)
+from mappa.sandbox.limits import MiB
 from mappa.tasks import Task
-from mappa.tasks.math import grade_answer
 from mappa.workflow.chat import ChatFormat
+from mappa.workflow.outcome import judge
 from mappa.workflow.records import Action, Episode
 
 
@@ -54,34 +61,59 @@ class PipelineRunner:
         self.agents = list(agents)
         self.workflow = workflow
         self.rollout = rollout
-        self.limits = Limits(
-            wall_time_s=sandbox.timeout_s,
-            cpu_time_s=max(1, int(sandbox.timeout_s * 2)),
-            max_output_chars=sandbox.max_output_chars,
+        backend = make_backend(
+            sandbox.backend,
+            python=sandbox.python,
+            uid_base=sandbox.uid_base,
+            sandboxfusion_url=sandbox.sandboxfusion_url,
         )
+        self.sandbox = SandboxPool(backend, sandbox_limits(sandbox), sandbox.pool_size, sandbox.mode)
+        self.workspaces: dict[str, Workspace] = {}
+        """Episode id -> its shared workspace, with who made which file (for the coach)."""
         self.workspace_root = workspace_root
         self.observation_chars = observation_chars
 
     def run(self, tasks: Sequence[Task], step: int = 0, greedy: bool = False) -> list[Episode]:
         episodes = []
+        self.workspaces = {}
         for i, task in enumerate(tasks):
             eid = f"s{step}-e{i}"
             ws = self.workspace_root / f"step{step}" / eid
             shutil.rmtree(ws, ignore_errors=True)
             ws.mkdir(parents=True)
+            if task.dsbench is not None:  # the task's inputs, present before anyone acts
+                for name, source in task.dsbench.agent_files().items():
+                    shutil.copyfile(source, ws / name)
+            self.workspaces[eid] = Workspace(ws)
             episodes.append(
                 Episode(eid, task.task_id, task.prompt, task.answer, step=step,
                         task_type=task.task_type, workspace=str(ws))
             )
         fields: list[dict[str, str]] = [{"task": t.prompt} for t in tasks]
-        for agent in tqdm(self.agents, desc=f"rollout step {step}", leave=False):
+        for k, agent in enumerate(tqdm(self.agents, desc=f"rollout step {step}", leave=False)):
+            for ep, f in zip(episodes, fields, strict=True):
+                ws = self.workspaces[ep.episode_id]
+                f["files"] = ws.describe()
+                f["file_warnings"] = _missing_note(self._missing(ws, self.agents[:k]))
             self._run_agent(agent, episodes, fields, greedy)
+            for ep in episodes:  # an agent acts in one stage only: its interpreters can go
+                self.sandbox.end(self.workspaces[ep.episode_id], agent.name)
         final = self.agents[-1].name
-        for ep in episodes:
-            last = ep.agent_actions(final)[-1]
-            if ep.answer is not None:
-                ep.final_answer, ep.correct = grade_answer(last.completion_text, ep.answer)
+        for ep, task in zip(episodes, tasks, strict=True):
+            ws = self.workspaces[ep.episode_id]
+            ep.missing_artifacts = self._missing(ws, self.agents)
+            outcome = judge(task, ep.agent_actions(final)[-1].completion_text, ws.path)
+            ep.correct, ep.final_answer = outcome.correct, outcome.final_answer
+            ep.metrics, ep.coach_reference = outcome.metrics, outcome.reference
         return episodes
+
+    @staticmethod
+    def _missing(ws: Workspace, agents: Sequence[AgentConfig]) -> dict[str, list[str]]:
+        """Agent -> the files it owes (``produces``) that are not in the workspace."""
+        return {
+            a.name: missing for a in agents
+            if (missing := [f for f in a.produces if f not in ws.files])
+        }
 
     def _run_agent(
         self, agent: AgentConfig, episodes: list[Episode], fields: list[dict[str, str]], greedy: bool
@@ -109,7 +141,7 @@ class PipelineRunner:
             )
             texts = [self.chat.decode(s.completion_ids) for s in samples]
             observations = self._execute_all(
-                [Path(episodes[i].workspace or ".") for i in active], texts, agent.run_code
+                [episodes[i].episode_id for i in active], texts, agent, turn
             )
             still = []
             for i, sample, text, obs in zip(active, samples, texts, observations, strict=True):
@@ -125,6 +157,9 @@ class PipelineRunner:
                         completion_text=text,
                         truncated=sample.truncated,
                         tool_observation=obs,
+                        workspace_files=(
+                            self.workspaces[episodes[i].episode_id].describe() if agent.run_code else None
+                        ),
                     )
                 )
                 slot = slots[i]
@@ -153,17 +188,42 @@ class PipelineRunner:
                 else self.workflow.no_code_observation
             )
 
-    def _execute_all(self, workdirs: list[Path], texts: list[str], run_code: bool) -> list[str | None]:
-        """Run every episode's code blocks (episodes in parallel, blocks in order)."""
-        if not run_code:
+    def _execute_all(
+        self, episode_ids: list[str], texts: list[str], agent: AgentConfig, turn: int
+    ) -> list[str | None]:
+        """Run every episode's code blocks in its workspace (episodes in parallel, blocks in
+        order); None where a message has no code, which ends that agent's tool loop."""
+        if not agent.run_code:
             return [None] * len(texts)
-
-        def one(args: tuple[Path, str]) -> str | None:
-            workdir, text = args
+        jobs, where = [], []
+        for i, (eid, text) in enumerate(zip(episode_ids, texts, strict=True)):
             blocks = extract_code_blocks(text)
-            if not blocks:
-                return None
-            return "\n".join(execute(b, workdir, self.limits).observation() for b in blocks)
+            if blocks:
+                jobs.append(Job(self.workspaces[eid], agent.name, turn, blocks))
+                where.append(i)
+        observations: list[str | None] = [None] * len(texts)
+        for i, results in zip(where, self.sandbox.run(jobs), strict=True):
+            observations[i] = "\n".join(r.observation() for r in results)
+        return observations
 
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            return list(pool.map(one, zip(workdirs, texts, strict=True)))
+
+def _missing_note(missing: dict[str, list[str]]) -> str:
+    """The warning later agents see about files earlier agents did not deliver."""
+    return "".join(
+        f"WARNING: {', '.join(files)} expected from {agent} is missing.\n"
+        for agent, files in missing.items()
+    )
+
+
+def sandbox_limits(cfg: SandboxConfig) -> Limits:
+    """The run's sandbox limits from its config (sizes there are in MiB)."""
+    return Limits(
+        wall_time_s=cfg.timeout_s,
+        cpu_time_s=cfg.cpu_time_s if cfg.cpu_time_s is not None else 2 * cfg.timeout_s,
+        memory_bytes=cfg.memory_mb * MiB,
+        max_processes=cfg.max_processes,
+        file_size_bytes=cfg.file_size_mb * MiB,
+        tmp_bytes=cfg.tmp_size_mb * MiB,
+        max_output_chars=cfg.max_output_chars,
+        max_output_bytes=max(int(cfg.max_output_mb * MiB), cfg.max_output_chars),
+    )

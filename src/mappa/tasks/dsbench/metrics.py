@@ -68,6 +68,8 @@ def score_submission(submission: Path, task: DSBenchTask) -> SubmissionScore:
     def fail(reason: str, **counts: int) -> SubmissionScore:
         return SubmissionScore(task.task_type, False, reason, **counts)
 
+    if submission.is_symlink():  # planted by sandboxed code: never follow it on the host
+        return fail("submission.csv is a symlink, not a file")
     if not submission.is_file():
         return fail("submission.csv was not written")
     try:

@@ -41,6 +41,7 @@ def make_task(folder: Path, name: str, seed: int = 0, test_fraction: float = 0.3
     train.to_csv(folder / "train.csv", index=False)
     test.drop(columns=["target"]).to_csv(folder / "test.csv", index=False)
     test[["id", "target"]].to_csv(folder / "test_answer.csv", index=False)
+    (folder / "test_answer.csv").chmod(0o600)  # the sandbox's unprivileged uid cannot peek
     first_line = (bunch.DESCR.strip().splitlines() or [name])[0]
     description = (
         f"## Overview\n{first_line}. Predict `target` for each row of test.csv ({task_type}).\n\n"

@@ -69,6 +69,7 @@ def make_task(folder: Path, kind: str, seed: int, n_train: int = 400, n_test: in
     train.to_csv(folder / "train.csv", index=False)
     test.drop(columns=["target"]).to_csv(folder / "test.csv", index=False)
     test[["id", "target"]].to_csv(folder / "test_answer.csv", index=False)
+    (folder / "test_answer.csv").chmod(0o600)  # the sandbox's unprivileged uid cannot peek
     description = (
         f"## Overview\nPredict `target` for each row of test.csv ({task_type}, {kind}).\n\n"
         f"## Evaluation\nSubmissions are evaluated by {metric}.\n\n"

@@ -1,0 +1,128 @@
+"""The DSBench team end to end through the real sandbox, with scripted (hand-written) agents.
+
+``FakeScriptedPolicy`` stands in for the model above the sampling interface: it returns
+fixed code per agent, so the test exercises the real runner, workspace sharing, sandbox,
+submission scoring and failure blame without depending on what a small model writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from mappa.cli import default_config
+from mappa.config import load_config
+from mappa.models.interface import Sample
+from mappa.tasks.dsbench.report import dsbench_report
+from mappa.tasks.dsbench.synthetic import generate
+from mappa.tasks.base import Task
+from mappa.workflow.chat import ChatFormat
+from mappa.workflow.runner import PipelineRunner
+
+REPO = Path(__file__).resolve().parents[1]
+
+DATA_ENGINEER = '''```python
+import pandas as pd
+train = pd.read_csv("train.csv"); test = pd.read_csv("test.csv")
+y = train.pop("target")
+X = pd.get_dummies(train.drop(columns=["id"]), dummy_na=True).astype(float)
+Xt = pd.get_dummies(test.drop(columns=["id"]), dummy_na=True).astype(float)
+Xt = Xt.reindex(columns=X.columns, fill_value=0.0)
+X, Xt = X.fillna(X.median()), Xt.fillna(X.median())
+X.to_pickle("X_train.pkl"); y.to_pickle("y_train.pkl"){save_test}
+print("rows", len(X), "features", X.shape[1])
+```'''
+MODELER = '''```python
+import pickle, pandas as pd
+from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
+from sklearn.model_selection import cross_val_score
+X, y = pd.read_pickle("X_train.pkl"), pd.read_pickle("y_train.pkl")
+is_clf = y.dtype == object or y.nunique() <= 10
+model = (RandomForestClassifier if is_clf else RandomForestRegressor)(n_estimators=40, random_state=0)
+print("cv", round(cross_val_score(model, X, y, cv=3).mean(), 3))
+pickle.dump(model.fit(X, y), open("model.pkl", "wb"))
+```'''
+ANALYST = '''```python
+import pickle, pandas as pd
+model = pickle.load(open("model.pkl", "rb"))
+test = pd.read_csv("test.csv")
+pd.DataFrame({"id": test["id"], "target": model.predict(pd.read_pickle("X_test.pkl"))}).to_csv("submission.csv", index=False)
+print("wrote", len(test))
+```'''
+
+
+class FakeScriptedPolicy:
+    """Fake policy: a fixed message per agent and action, encoded with the real tokenizer."""
+
+    def __init__(self, chat: ChatFormat, eos_id: int, scripts: dict[str, list[str]]) -> None:
+        self.chat, self.eos_id, self.scripts = chat, eos_id, scripts
+        self.calls: dict[str, int] = {}
+
+    def generate(self, agent: str | None, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 temperature: float = 1.0, batch_size: int = 8, greedy: bool = False) -> list[Sample]:
+        assert agent is not None
+        n = self.calls.get(agent, 0)
+        self.calls[agent] = n + 1
+        ids = self.chat.encode(self.scripts[agent][n]) + [self.eos_id]
+        return [Sample(list(p), list(ids), [-0.1] * len(ids), False) for p in prompts]
+
+
+def _runner(tmp_path: Path, tokenizer, scripts: dict[str, list[str]]) -> tuple[PipelineRunner, list]:  # type: ignore[no-untyped-def]
+    cfg = load_config(REPO / "configs" / "dsbench_cpu.yaml", ["sandbox.timeout_s=60"])
+    chat = ChatFormat(tokenizer)
+    policy = FakeScriptedPolicy(chat, tokenizer.eos_token_id, scripts)
+    runner = PipelineRunner(policy, chat, cfg.agents, cfg.workflow,
+                            cfg.rollout.model_copy(update={"max_prompt_tokens": 100_000}),
+                            cfg.sandbox, tmp_path / "ws")
+    return runner, cfg.agents
+
+
+def _tasks(tmp_path: Path) -> list[Task]:
+    return [Task.from_dsbench(t) for t in generate(tmp_path / "tasks", per_kind=3, seed=2)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_scripted_good_team_solves_every_generated_task(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    done = "Done."
+    runner, agents = _runner(tmp_path, tokenizer, {
+        "data_engineer": [DATA_ENGINEER.format(save_test='; Xt.to_pickle("X_test.pkl")'), done],
+        "modeler": [MODELER, done], "analyst": [ANALYST, done],
+    })
+    tasks = _tasks(tmp_path)
+    episodes = runner.run(tasks)
+    for ep in episodes:
+        assert ep.correct, (ep.task_id, ep.coach_reference, [a.tool_observation for a in ep.actions])
+        assert ep.metrics["success"] == 1.0 and not any(ep.missing_artifacts.values())
+        modeler = ep.agent_actions("modeler")[0]
+        assert "X_train.pkl" in modeler.prompt_text and "data_engineer" in modeler.prompt_text
+    report = dsbench_report(episodes, agents)
+    assert report["success_rate"] == 1.0 and report["failed_runs_broken_by"] == {}
+    assert report["classification/runs"] == 6 and report["regression/runs"] == 3
+    assert report["classification/successful/accuracy"] > 0.6
+    assert report["regression/successful/rmse_pct_range"] < 30
+
+
+def test_forgetful_data_engineer_is_blamed(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    done = "Done."
+    runner, agents = _runner(tmp_path, tokenizer, {
+        "data_engineer": [DATA_ENGINEER.format(save_test=""), done],
+        "modeler": [MODELER, done], "analyst": [ANALYST, done],
+    })
+    episodes = runner.run(_tasks(tmp_path)[:2])
+    for ep in episodes:
+        assert not ep.correct and ep.missing_artifacts["data_engineer"] == ["X_test.pkl"]
+        analyst = ep.agent_actions("analyst")[0]
+        assert "X_test.pkl" in analyst.prompt_text and "missing" in analyst.prompt_text.lower()
+        assert "FileNotFoundError" in (analyst.tool_observation or "")
+    report = dsbench_report(episodes, agents)
+    assert report["success_rate"] == 0.0
+    assert report["failed_runs_broken_by"] == {"data_engineer": 2}
+    assert report["classification/fair_accuracy"] == 0.5
