@@ -126,3 +126,16 @@ def test_forgetful_data_engineer_is_blamed(tmp_path: Path, tokenizer) -> None:  
     assert report["success_rate"] == 0.0
     assert report["failed_runs_broken_by"] == {"data_engineer": 2}
     assert report["classification/fair_accuracy"] == 0.5
+
+
+def test_heldout_eval_reports_dsbench_metrics(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    from mappa.evaluation import run_heldout
+
+    cfg = load_config(REPO / "configs" / "dsbench_cpu.yaml", ["sandbox.timeout_s=60"])
+    runner, _ = _runner(tmp_path, tokenizer, {
+        "data_engineer": [DATA_ENGINEER.format(save_test=""), "Done."],
+        "modeler": [MODELER, "Done."], "analyst": [ANALYST, "Done."],
+    })
+    metrics, _, _ = run_heldout(cfg, runner, _tasks(tmp_path)[:1])
+    assert metrics["dsbench"]["success_rate"] == 0.0
+    assert metrics["dsbench"]["failed_runs_broken_by"] == {"data_engineer": 1}

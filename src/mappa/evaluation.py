@@ -173,6 +173,10 @@ def run_heldout(
     metrics: dict[str, Any] = {"tasks": len(tasks), "samples": k, "temperature": tc.eval_temperature}
     metrics.update(accuracy(graded, k))
     metrics.update(behaviour(episodes, cfg.agents, tc))
+    if any(t.dsbench is not None for t in tasks):  # modeling tasks: success, fair metrics, blame
+        from mappa.tasks.dsbench.report import dsbench_report
+
+        metrics["dsbench"] = dsbench_report(episodes, cfg.agents)
     return metrics, episodes, per_task
 
 
