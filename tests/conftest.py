@@ -88,3 +88,33 @@ def tiny_run_config(model_dir: Path, run_dir: Path, *overrides: str):  # -> RunC
             *overrides,
         ],
     )
+
+
+def process_backend():  # -> ProcessBackend
+    """As root, a process backend that contains code needs an interpreter an unprivileged uid
+    can read; this venv's may live under /root, so stdlib-only tests may use the system one."""
+    import shutil
+    import sys
+
+    from mappa.sandbox import ProcessBackend
+    from mappa.sandbox.identity import host_is_root
+
+    for python in (sys.executable, shutil.which("python3", path="/usr/bin:/bin")):
+        if python:
+            backend = ProcessBackend(python)
+            if not host_is_root() or backend.runs_as_sandbox_uid():
+                return backend
+    return ProcessBackend()
+
+
+@pytest.fixture(params=["bwrap", "process"], scope="module")
+def backend(request: pytest.FixtureRequest):  # -> LocalBackend
+    """Each sandbox backend that can run here (bwrap is skipped with the reason if not)."""
+    from mappa.sandbox import BwrapBackend, bwrap_problem
+
+    if request.param == "bwrap":
+        problem = bwrap_problem()
+        if problem is not None:
+            pytest.skip(f"bwrap backend unavailable here: {problem}")
+        return BwrapBackend()
+    return process_backend()

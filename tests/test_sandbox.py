@@ -49,28 +49,9 @@ from mappa.sandbox.session import RESTARTED
 from mappa.tasks import Task
 from mappa.workflow.runner import PipelineRunner, sandbox_limits
 
+from conftest import process_backend
+
 pytestmark = pytest.mark.filterwarnings("ignore::mappa.sandbox.SandboxIsolationWarning")
-
-
-def _process_backend() -> ProcessBackend:
-    """As root, a process backend that contains code needs an interpreter an unprivileged uid
-    can read; this venv's may live under /root, so stdlib-only tests may use the system one."""
-    for python in (sys.executable, shutil.which("python3", path="/usr/bin:/bin")):
-        if python:
-            backend = ProcessBackend(python)
-            if not host_is_root() or backend.runs_as_sandbox_uid():
-                return backend
-    return ProcessBackend()
-
-
-@pytest.fixture(params=["bwrap", "process"], scope="module")
-def backend(request: pytest.FixtureRequest) -> LocalBackend:
-    if request.param == "bwrap":
-        problem = bwrap_problem()
-        if problem is not None:
-            pytest.skip(f"bwrap backend unavailable here: {problem}")
-        return BwrapBackend()
-    return _process_backend()
 
 
 # --- results, observations, output ---------------------------------------------------
@@ -218,7 +199,7 @@ def test_file_handoff_between_agents_with_provenance(backend: LocalBackend, tmp_
 
 def test_provenance_tracks_modification_and_deletion(tmp_path: Path) -> None:
     ws = Workspace(tmp_path / "ep")
-    with SandboxPool(BwrapBackend() if bwrap_problem() is None else _process_backend(), Limits()) as pool:
+    with SandboxPool(BwrapBackend() if bwrap_problem() is None else process_backend(), Limits()) as pool:
         pool.run([Job(ws, "a", 0, ["open('f.txt', 'w').write('1')", "open('g.txt', 'w').write('1')"])])
         pool.run([Job(ws, "b", 0, ["open('f.txt', 'a').write('22')\nimport os\nos.remove('g.txt')"])])
     assert list(ws.files) == ["f.txt"]
@@ -261,7 +242,7 @@ def test_workspace_read_bytes_refuses_planted_symlinks(tmp_path: Path) -> None:
 
 
 def test_pool_runs_episodes_in_parallel_and_returns_in_order(tmp_path: Path) -> None:
-    backend = BwrapBackend() if bwrap_problem() is None else _process_backend()
+    backend = BwrapBackend() if bwrap_problem() is None else process_backend()
     jobs = [
         Job(Workspace(tmp_path / f"e{i}"), "agent", 0, [f"import time\ntime.sleep({0.4 - 0.1 * i})\nprint({i})", f"print({i} * 10)"])
         for i in range(4)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mappa.sandbox import BwrapBackend, ExecutionResult, Limits, ProcessBackend, bwrap_problem
+from mappa.sandbox import BwrapBackend, ExecutionResult, Limits
 from mappa.sandbox.backends.local import LocalBackend
 from mappa.sandbox.identity import DEFAULT_UID_BASE, host_is_root
 from mappa.sandbox.limits import MiB
@@ -36,30 +36,6 @@ SMALL = Limits(
     max_output_bytes=1 * MiB,
 )
 SLACK_S = 2.0  # start-up and clean-up on a busy 2-core machine
-
-
-def _process_backend() -> ProcessBackend:
-    """As root, containment needs an interpreter an unprivileged uid can read (a pyenv
-    under /root is not): fall back to the system Python for these stdlib-only programs."""
-    candidates = [sys.executable]
-    system = shutil.which("python3", path="/usr/bin:/bin")
-    if system:
-        candidates.append(system)
-    for python in candidates:
-        backend = ProcessBackend(python)
-        if not host_is_root() or backend.runs_as_sandbox_uid():
-            return backend
-    return ProcessBackend()
-
-
-@pytest.fixture(params=["bwrap", "process"], scope="module")
-def backend(request: pytest.FixtureRequest) -> LocalBackend:
-    if request.param == "bwrap":
-        problem = bwrap_problem()
-        if problem is not None:
-            pytest.skip(f"bwrap backend unavailable here: {problem}")
-        return BwrapBackend()
-    return _process_backend()
 
 
 def contained(backend: LocalBackend) -> bool:
