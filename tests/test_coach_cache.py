@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from mappa.cli import default_config
 from mappa.coach.cache import CachedCoach, CoachCacheMiss, ScoreCache
 from mappa.coach.context import CoachContext
 from mappa.coach.stats import accounting, bias, point_biserial
 from mappa.coach.templates import TemplateError, load_template, render_messages
 from mappa.config import ConfigError, load_config
 from mappa.workflow.records import Action, Episode, Score
-from mappa.cli import default_config
 
 
 class FakeCountingCoach:
@@ -29,7 +29,10 @@ class FakeCountingCoach:
         self.seen += len(contexts)
         if self.fail:
             return [Score(5.0, "down", flagged=True, flag_reason="unavailable") for _ in contexts]
-        return [Score(float(len(c.output) % 11), "ok", latency_s=0.5, prompt_tokens=10) for c in contexts]
+        return [
+            Score(float(len(c.output) % 11), "ok", latency_s=0.5, prompt_tokens=10)
+            for c in contexts
+        ]
 
 
 def ctx(i: int) -> CoachContext:
@@ -67,8 +70,20 @@ def test_unavailable_scores_are_not_cached(tmp_path: Path) -> None:
 def test_shipped_templates_render_only_what_they_may(tmp_path: Path) -> None:
     for name in ("mathchat", "dsbench"):
         t = load_template(name)
-        final = CoachContext("T", "verifier", "R", 1, "IN", "OUT", "OBS", True, "GT-42",
-                             truncated=True, output_limit=256, files="train.csv (given)")
+        final = CoachContext(
+            "T",
+            "verifier",
+            "R",
+            1,
+            "IN",
+            "OUT",
+            "OBS",
+            True,
+            "GT-42",
+            truncated=True,
+            output_limit=256,
+            files="train.csv (given)",
+        )
         sys_msg, user = (m["content"] for m in render_messages(t, final))
         assert "GT-42" in user and "ANSWER_CORRECT" in sys_msg and "256" in sys_msg
         assert "cut off" in user and "action 2" in user
@@ -94,8 +109,14 @@ def test_user_template_with_unknown_placeholder_fails_at_config_load(tmp_path: P
 def test_accounting() -> None:
     scores = [
         Score(7, latency_s=1.0, prompt_tokens=100, completion_tokens=20, retries=1),
-        Score(5, latency_s=3.0, prompt_tokens=50, completion_tokens=10, flagged=True,
-              flag_reason="unavailable"),
+        Score(
+            5,
+            latency_s=3.0,
+            prompt_tokens=50,
+            completion_tokens=10,
+            flagged=True,
+            flag_reason="unavailable",
+        ),
         Score(6, latency_s=2.0, prompt_tokens=10, completion_tokens=5, cached=True),
     ]
     acc = accounting(scores, price_prompt=2.0, price_completion=10.0)
@@ -114,8 +135,12 @@ def _episode(task_type: str, scores: list[float], correct: bool) -> Episode:
 
 
 def test_bias_statistics() -> None:
-    eps = [_episode("regression", [8, 9], True), _episode("regression", [6, 8], True),
-           _episode("classification", [4, 2], False), _episode("classification", [6, 1], False)]
+    eps = [
+        _episode("regression", [8, 9], True),
+        _episode("regression", [6, 8], True),
+        _episode("classification", [4, 2], False),
+        _episode("classification", [6, 1], False),
+    ]
     b = bias(eps, "verifier")
     assert b["coach_bias/task_type/regression/mean"] == pytest.approx(7.75)  # (8+9+6+8)/4
     assert b["coach_bias/task_type/classification/mean"] == pytest.approx(3.25)  # (4+2+6+1)/4
@@ -146,8 +171,9 @@ def test_coach_check_table() -> None:
     assert all(r["pairs_right"] == 0.5 for r in rows)
 
 
-def test_coach_check_cli_with_a_real_local_model(tiny_model_dir: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_coach_check_cli_with_a_real_local_model(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from mappa.cli import main
 
     rc = main(["coach-check", f"model.path={tiny_model_dir}", "coach.cache.mode=off"])

@@ -16,13 +16,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from conftest import tiny_run_config
 
 from mappa.coach.context import CoachContext
 from mappa.coach.http import HttpCoach
 from mappa.coach.templates import load_template
 from mappa.config import HttpCoachConfig
-
-from conftest import tiny_run_config
 
 Reply = tuple[int, str, dict[str, str]]  # status, text (or "HANG"/"GARBAGE"), headers
 
@@ -42,9 +41,12 @@ class FakeOpenAIServer:
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with server.lock:
-                    server.requests.append({"path": self.path, "body": body,
-                                            "auth": self.headers.get("Authorization")})
-                    status, text, headers = server.script.pop(0) if server.script else server.default
+                    server.requests.append(
+                        {"path": self.path, "body": body, "auth": self.headers.get("Authorization")}
+                    )
+                    status, text, headers = (
+                        server.script.pop(0) if server.script else server.default
+                    )
                 if text == "ECHO":  # score = the number in the task line, to check ordering
                     number = body["messages"][1]["content"].split("\n")[1].split()[-1]
                     text = f"PROCESS_SCORE: {int(number) % 11}"
@@ -57,8 +59,9 @@ class FakeOpenAIServer:
                     choice: dict = {"message": {"content": text}}
                     if server.logprobs is not None:
                         choice["logprobs"] = {"content": server.logprobs}
-                    payload = json.dumps({"choices": [choice],
-                                          "usage": {"prompt_tokens": 7, "completion_tokens": 3}}).encode()
+                    payload = json.dumps(
+                        {"choices": [choice], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
+                    ).encode()
                 else:
                     payload = text.encode()
                 self.send_response(status)
@@ -90,17 +93,29 @@ def server() -> Iterator[FakeOpenAIServer]:
 
 
 def ctx(final: bool = False, task: str = "2+2?") -> CoachContext:
-    return CoachContext(task, "verifier" if final else "problem_solver", "role", 0,
-                        "input", "output", None, final, "4" if final else None)
+    return CoachContext(
+        task,
+        "verifier" if final else "problem_solver",
+        "role",
+        0,
+        "input",
+        "output",
+        None,
+        final,
+        "4" if final else None,
+    )
 
 
 def coach(url: str, **kw: object) -> HttpCoach:
     settings: dict[str, object] = {"max_retries": 3, "timeout_s": 1.0, **kw}
-    return HttpCoach(HttpCoachConfig(base_url=url, **settings), load_template("mathchat"),
-                     backoff_base_s=0.01)
+    return HttpCoach(
+        HttpCoachConfig(base_url=url, **settings), load_template("mathchat"), backoff_base_s=0.01
+    )
 
 
-def test_scores_and_sends_the_prompt(server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scores_and_sends_the_prompt(
+    server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MY_COACH_KEY", "sk-test")
     server.script = [(200, "Fine.\nPROCESS_SCORE: 8\nANSWER_CORRECT: 1", {})]
     [score] = coach(server.url, api_key_env="MY_COACH_KEY").score([ctx(final=True)])
@@ -116,12 +131,19 @@ def test_scores_and_sends_the_prompt(server: FakeOpenAIServer, monkeypatch: pyte
 def test_ground_truth_only_for_final_agent(server: FakeOpenAIServer) -> None:
     coach(server.url).score([ctx(final=False)])
     body = server.requests[0]["body"]["messages"]
-    assert "Reference answer" not in body[1]["content"] and "ANSWER_CORRECT" not in body[0]["content"]
+    assert (
+        "Reference answer" not in body[1]["content"] and "ANSWER_CORRECT" not in body[0]["content"]
+    )
 
 
 def test_retries_5xx_429_hang_and_garbage_then_succeeds(server: FakeOpenAIServer) -> None:
-    server.script = [(500, "oops", {}), (429, "slow down", {"Retry-After": "0.2"}),
-                     (200, "HANG", {}), (200, "GARBAGE", {}), (200, "PROCESS_SCORE: 3", {})]
+    server.script = [
+        (500, "oops", {}),
+        (429, "slow down", {"Retry-After": "0.2"}),
+        (200, "HANG", {}),
+        (200, "GARBAGE", {}),
+        (200, "PROCESS_SCORE: 3", {}),
+    ]
     start = time.monotonic()
     [score] = coach(server.url, max_retries=4).score([ctx()])
     assert score.value == 3.0 and not score.flagged and score.retries == 4
@@ -166,8 +188,14 @@ def test_expected_score_mode_reads_logprobs(server: FakeOpenAIServer) -> None:
     server.logprobs = [
         {"token": "PROCESS", "logprob": 0.0, "top_logprobs": []},
         {"token": "_SCORE:", "logprob": 0.0, "top_logprobs": []},
-        {"token": " 7", "logprob": -0.10536, "top_logprobs": [
-            {"token": " 7", "logprob": -0.10536}, {"token": " 2", "logprob": -2.30259}]},
+        {
+            "token": " 7",
+            "logprob": -0.10536,
+            "top_logprobs": [
+                {"token": " 7", "logprob": -0.10536},
+                {"token": " 2", "logprob": -2.30259},
+            ],
+        },
     ]
     server.script = [(200, "PROCESS_SCORE: 7", {})]
     [score] = coach(server.url, score_mode="expected").score([ctx()])
@@ -183,13 +211,22 @@ def test_training_continues_through_a_faulty_coach(tiny_model_dir: Path, tmp_pat
     from mappa.train import train
 
     faulty = FakeOpenAIServer(default=(200, "PROCESS_SCORE: 6", {}))
-    faulty.script = [(500, "x", {}), (429, "x", {"Retry-After": "0"}), (200, "HANG", {}),
-                     (200, "GARBAGE", {})] * 3 + [(503, "down", {})] * 8
+    faulty.script = [
+        (500, "x", {}),
+        (429, "x", {"Retry-After": "0"}),
+        (200, "HANG", {}),
+        (200, "GARBAGE", {}),
+    ] * 3 + [(503, "down", {})] * 8
     try:
         cfg = tiny_run_config(
-            tiny_model_dir, tmp_path / "run", "train.steps=1", "coach.backend=http",
-            f"coach.http.base_url={faulty.url}", "coach.http.timeout_s=1.0",
-            "coach.http.max_retries=1", "coach.http.concurrency=4",
+            tiny_model_dir,
+            tmp_path / "run",
+            "train.steps=1",
+            "coach.backend=http",
+            f"coach.http.base_url={faulty.url}",
+            "coach.http.timeout_s=1.0",
+            "coach.http.max_retries=1",
+            "coach.http.concurrency=4",
         )
         run_dir = train(cfg)
     finally:

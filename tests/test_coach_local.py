@@ -15,7 +15,9 @@ from mappa.models.scorer import ScoreDistributionModel
 
 def _direct(model, tok, scorer: ScoreDistributionModel, messages) -> list[float]:  # type: ignore[no-untyped-def]
     """Unbatched, uncached reference computation of P(0..10)."""
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + SCORE_PREFIX
+    text = (
+        tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + SCORE_PREFIX
+    )
     ids = tok.encode(text, add_special_tokens=False)
     with torch.no_grad():
         p = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
@@ -40,7 +42,9 @@ def test_batched_cached_distribution_matches_direct(tiny_model_dir: Path) -> Non
     batched = scorer(conversations, SCORE_PREFIX)
     for conv, got in zip(conversations, batched, strict=True):
         assert len(got) == 11 and min(got) >= 0
-        assert torch.allclose(torch.tensor(got), torch.tensor(_direct(model, tok, scorer, conv)), atol=1e-5)
+        assert torch.allclose(
+            torch.tensor(got), torch.tensor(_direct(model, tok, scorer, conv)), atol=1e-5
+        )
     scores = LocalCoach(scorer, template).score(contexts)
     for s, p in zip(scores, batched, strict=True):
         assert 0 <= s.value <= 10 and not s.flagged and s.backend == "local"

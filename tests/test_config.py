@@ -47,8 +47,13 @@ def test_wrong_type_is_reported(tmp_path: Path) -> None:
 
 
 def test_template_field_must_exist_upstream(tmp_path: Path) -> None:
-    text = default_config().read_text().replace(
-        'input_template: "Problem: {task}"', 'input_template: "Problem: {task} {verifier_output}"'
+    text = (
+        default_config()
+        .read_text()
+        .replace(
+            'input_template: "Problem: {task}"',
+            'input_template: "Problem: {task} {verifier_output}"',
+        )
     )
     with pytest.raises(ConfigError, match=r"unknown field \{verifier_output\}"):
         load_config(_write(tmp_path, text))
@@ -64,7 +69,9 @@ def test_overrides_are_typed_and_validated() -> None:
 
 
 def test_cli_bad_config_exits_nonzero_without_loading_a_model(tmp_path: Path) -> None:
-    path = _write(tmp_path, default_config().read_text().replace("max_actions: 2", "max_actionz: 2"))
+    path = _write(
+        tmp_path, default_config().read_text().replace("max_actions: 2", "max_actionz: 2")
+    )
     code = (
         "import sys\n"
         "from mappa.cli import main\n"

@@ -12,18 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from mappa.cli import default_config
 from mappa.config import load_config
 from mappa.models.interface import Sample
+from mappa.tasks.base import Task
 from mappa.tasks.dsbench.report import dsbench_report
 from mappa.tasks.dsbench.synthetic import generate
-from mappa.tasks.base import Task
 from mappa.workflow.chat import ChatFormat
 from mappa.workflow.runner import PipelineRunner
 
 REPO = Path(__file__).resolve().parents[1]
 
-DATA_ENGINEER = '''```python
+DATA_ENGINEER = """```python
 import pandas as pd
 train = pd.read_csv("train.csv"); test = pd.read_csv("test.csv")
 y = train.pop("target")
@@ -33,8 +32,8 @@ Xt = Xt.reindex(columns=X.columns, fill_value=0.0)
 X, Xt = X.fillna(X.median()), Xt.fillna(X.median())
 X.to_pickle("X_train.pkl"); y.to_pickle("y_train.pkl"){save_test}
 print("rows", len(X), "features", X.shape[1])
-```'''
-MODELER = '''```python
+```"""
+MODELER = """```python
 import pickle, pandas as pd
 from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
 from sklearn.model_selection import cross_val_score
@@ -43,14 +42,14 @@ is_clf = y.dtype == object or y.nunique() <= 10
 model = (RandomForestClassifier if is_clf else RandomForestRegressor)(n_estimators=40, random_state=0)
 print("cv", round(cross_val_score(model, X, y, cv=3).mean(), 3))
 pickle.dump(model.fit(X, y), open("model.pkl", "wb"))
-```'''
-ANALYST = '''```python
+```"""
+ANALYST = """```python
 import pickle, pandas as pd
 model = pickle.load(open("model.pkl", "rb"))
 test = pd.read_csv("test.csv")
 pd.DataFrame({"id": test["id"], "target": model.predict(pd.read_pickle("X_test.pkl"))}).to_csv("submission.csv", index=False)
 print("wrote", len(test))
-```'''
+```"""
 
 
 class FakeScriptedPolicy:
@@ -60,8 +59,15 @@ class FakeScriptedPolicy:
         self.chat, self.eos_id, self.scripts = chat, eos_id, scripts
         self.calls: dict[str, int] = {}
 
-    def generate(self, agent: str | None, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 temperature: float = 1.0, batch_size: int = 8, greedy: bool = False) -> list[Sample]:
+    def generate(
+        self,
+        agent: str | None,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        batch_size: int = 8,
+        greedy: bool = False,
+    ) -> list[Sample]:
         assert agent is not None
         n = self.calls.get(agent, 0)
         self.calls[agent] = n + 1
@@ -69,13 +75,21 @@ class FakeScriptedPolicy:
         return [Sample(list(p), list(ids), [-0.1] * len(ids), False) for p in prompts]
 
 
-def _runner(tmp_path: Path, tokenizer, scripts: dict[str, list[str]]) -> tuple[PipelineRunner, list]:  # type: ignore[no-untyped-def]
+def _runner(
+    tmp_path: Path, tokenizer, scripts: dict[str, list[str]]
+) -> tuple[PipelineRunner, list]:  # type: ignore[no-untyped-def]
     cfg = load_config(REPO / "configs" / "dsbench_cpu.yaml", ["sandbox.timeout_s=60"])
     chat = ChatFormat(tokenizer)
     policy = FakeScriptedPolicy(chat, tokenizer.eos_token_id, scripts)
-    runner = PipelineRunner(policy, chat, cfg.agents, cfg.workflow,
-                            cfg.rollout.model_copy(update={"max_prompt_tokens": 100_000}),
-                            cfg.sandbox, tmp_path / "ws")
+    runner = PipelineRunner(
+        policy,
+        chat,
+        cfg.agents,
+        cfg.workflow,
+        cfg.rollout.model_copy(update={"max_prompt_tokens": 100_000}),
+        cfg.sandbox,
+        tmp_path / "ws",
+    )
     return runner, cfg.agents
 
 
@@ -92,14 +106,23 @@ def tokenizer(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
 
 def test_scripted_good_team_solves_every_generated_task(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
     done = "Done."
-    runner, agents = _runner(tmp_path, tokenizer, {
-        "data_engineer": [DATA_ENGINEER.format(save_test='; Xt.to_pickle("X_test.pkl")'), done],
-        "modeler": [MODELER, done], "analyst": [ANALYST, done],
-    })
+    runner, agents = _runner(
+        tmp_path,
+        tokenizer,
+        {
+            "data_engineer": [DATA_ENGINEER.format(save_test='; Xt.to_pickle("X_test.pkl")'), done],
+            "modeler": [MODELER, done],
+            "analyst": [ANALYST, done],
+        },
+    )
     tasks = _tasks(tmp_path)
     episodes = runner.run(tasks)
     for ep in episodes:
-        assert ep.correct, (ep.task_id, ep.coach_reference, [a.tool_observation for a in ep.actions])
+        assert ep.correct, (
+            ep.task_id,
+            ep.coach_reference,
+            [a.tool_observation for a in ep.actions],
+        )
         assert ep.metrics["success"] == 1.0 and not any(ep.missing_artifacts.values())
         modeler = ep.agent_actions("modeler")[0]
         assert "X_train.pkl" in modeler.prompt_text and "data_engineer" in modeler.prompt_text
@@ -112,10 +135,15 @@ def test_scripted_good_team_solves_every_generated_task(tmp_path: Path, tokenize
 
 def test_forgetful_data_engineer_is_blamed(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
     done = "Done."
-    runner, agents = _runner(tmp_path, tokenizer, {
-        "data_engineer": [DATA_ENGINEER.format(save_test=""), done],
-        "modeler": [MODELER, done], "analyst": [ANALYST, done],
-    })
+    runner, agents = _runner(
+        tmp_path,
+        tokenizer,
+        {
+            "data_engineer": [DATA_ENGINEER.format(save_test=""), done],
+            "modeler": [MODELER, done],
+            "analyst": [ANALYST, done],
+        },
+    )
     episodes = runner.run(_tasks(tmp_path)[:2])
     for ep in episodes:
         assert not ep.correct and ep.missing_artifacts["data_engineer"] == ["X_test.pkl"]
@@ -132,10 +160,15 @@ def test_heldout_eval_reports_dsbench_metrics(tmp_path: Path, tokenizer) -> None
     from mappa.evaluation import run_heldout
 
     cfg = load_config(REPO / "configs" / "dsbench_cpu.yaml", ["sandbox.timeout_s=60"])
-    runner, _ = _runner(tmp_path, tokenizer, {
-        "data_engineer": [DATA_ENGINEER.format(save_test=""), "Done."],
-        "modeler": [MODELER, "Done."], "analyst": [ANALYST, "Done."],
-    })
+    runner, _ = _runner(
+        tmp_path,
+        tokenizer,
+        {
+            "data_engineer": [DATA_ENGINEER.format(save_test=""), "Done."],
+            "modeler": [MODELER, "Done."],
+            "analyst": [ANALYST, "Done."],
+        },
+    )
     metrics, _, _ = run_heldout(cfg, runner, _tasks(tmp_path)[:1])
     assert metrics["dsbench"]["success_rate"] == 0.0
     assert metrics["dsbench"]["failed_runs_broken_by"] == {"data_engineer": 1}

@@ -137,13 +137,18 @@ def test_real_dsbench_task_list(tmp_path: Path) -> None:
     for name in ("train.csv", "test.csv"):
         (data / name).write_bytes(Path(getattr(folder, name.replace(".csv", "_csv"))).read_bytes())
     (answers / "test_answer.csv").write_bytes(Path(folder.answers_csv).read_bytes())
-    meta = {"task_id": "t1", "data_type": "classification",
-            "train_file": "./data/DSBench/data/data_resplit/t1/train.csv",
-            "test_file": "./data/DSBench/data/data_resplit/t1/test.csv",
-            "answer_dir": "./data/DSBench/data/answers/t1"}
+    meta = {
+        "task_id": "t1",
+        "data_type": "classification",
+        "train_file": "./data/DSBench/data/data_resplit/t1/train.csv",
+        "test_file": "./data/DSBench/data/data_resplit/t1/test.csv",
+        "answer_dir": "./data/DSBench/data/answers/t1",
+    }
     missing = {**meta, "task_id": "t2", "train_file": "./data/DSBench/nowhere.csv"}
     listing = tmp_path / "tasks.json"
-    listing.write_text("\n".join(json.dumps({"prompt": "Kaggle text", "metadata": m}) for m in (meta, missing)))
+    listing.write_text(
+        "\n".join(json.dumps({"prompt": "Kaggle text", "metadata": m}) for m in (meta, missing))
+    )
     tasks, problems = load_task_list(listing, root)
     assert [t.task_id for t in tasks] == ["t1"] and problems and problems[0].startswith("t2:")
     assert score_submission(_submit(tmp_path, pd.read_csv(tasks[0].answers_csv)), tasks[0]).success

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import tiny_run_config
 
 from mappa.cli import main
 from mappa.evaluation import accuracy, behaviour, execution_failed
@@ -15,12 +16,12 @@ from mappa.jsonl import read_jsonl
 from mappa.train import train
 from mappa.workflow.records import Action, Episode, read_episodes
 
-from conftest import tiny_run_config
-
 AGENTS = ("problem_solver", "code_executor", "verifier")
 
 
-def _action(agent: str, text: str, obs: str | None = None, n: int = 4, truncated: bool = False) -> Action:
+def _action(
+    agent: str, text: str, obs: str | None = None, n: int = 4, truncated: bool = False
+) -> Action:
     return Action("e", agent, 0, [1], [7] * n, [0.0] * n, "", text, truncated, obs)
 
 
@@ -31,14 +32,21 @@ def _episode(*actions: Action) -> Episode:
 def test_behaviour_metrics_per_agent(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = tiny_run_config(tiny_model_dir, tmp_path)
     episodes = [
-        _episode(_action("problem_solver", "it is 5", n=10),
-                 _action("code_executor", "```python\nprint(5)\n```", "5"),
-                 _action("code_executor", "```python\n1/0\n```",
-                         "Traceback (most recent call last):\nZeroDivisionError: division by zero"),
-                 _action("verifier", r"\boxed{5}")),
-        _episode(_action("problem_solver", "hmm", n=20, truncated=True),
-                 _action("code_executor", "no code"),
-                 _action("verifier", "5")),
+        _episode(
+            _action("problem_solver", "it is 5", n=10),
+            _action("code_executor", "```python\nprint(5)\n```", "5"),
+            _action(
+                "code_executor",
+                "```python\n1/0\n```",
+                "Traceback (most recent call last):\nZeroDivisionError: division by zero",
+            ),
+            _action("verifier", r"\boxed{5}"),
+        ),
+        _episode(
+            _action("problem_solver", "hmm", n=20, truncated=True),
+            _action("code_executor", "no code"),
+            _action("verifier", "5"),
+        ),
     ]
     m = behaviour(episodes, cfg.agents, cfg.tasks)
     assert m["tool_call_rate/code_executor"] == 0.5  # one of two episodes ran code
@@ -51,9 +59,16 @@ def test_behaviour_metrics_per_agent(tiny_model_dir: Path, tmp_path: Path) -> No
 
 @pytest.mark.parametrize(
     ("observation", "failed"),
-    [("42", False), ("[no output]", False), ("[1, 2, 3]", False), ("Error rate is 3%", False),
-     ("ValueError: bad", True), ("[exit code 3]", True), ("[execution timed out]", True),
-     ("x\n[killed: memory limit of 512 MiB]", True)],
+    [
+        ("42", False),
+        ("[no output]", False),
+        ("[1, 2, 3]", False),
+        ("Error rate is 3%", False),
+        ("ValueError: bad", True),
+        ("[exit code 3]", True),
+        ("[execution timed out]", True),
+        ("x\n[killed: memory limit of 512 MiB]", True),
+    ],
 )
 def test_failed_runs_are_read_from_the_observation(observation: str, failed: bool) -> None:
     assert execution_failed(observation) is failed
@@ -86,7 +101,9 @@ def test_mappa_eval_writes_eval_json_with_all_metrics(
     assert "exec_error_rate/code_executor" in result
     assert [len(t["predictions"]) for t in result["per_task"]] == [2, 2, 2]
     episodes = read_episodes(out / "eval_episodes.jsonl")
-    assert len(episodes) == 6 and {e.task_id for e in episodes} == {t["task_id"] for t in result["per_task"]}
+    assert len(episodes) == 6 and {e.task_id for e in episodes} == {
+        t["task_id"] for t in result["per_task"]
+    }
     assert "pass@2" in capsys.readouterr().out
 
 
@@ -94,19 +111,34 @@ def test_overlapping_eval_set_stops_unless_allowed(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     train_file, eval_file = tmp_path / "train.json", tmp_path / "eval.json"
-    train_file.write_text(json.dumps([
-        {"id": "tr-1", "prompt": "What is 2 + 2?", "answer": 4},
-        {"id": "tr-2", "prompt": "What is 3 + 5?", "answer": 8},
-        {"id": "tr-3", "prompt": "What is 9 - 4?", "answer": 5},
-    ]))
-    eval_file.write_text(json.dumps([
-        {"id": "ev-1", "prompt": "what is 3+5 ?", "answer": 8},  # tr-2, reformatted
-        {"id": "ev-2", "prompt": "What is 7 * 6?", "answer": 42},
-        {"id": "ev-3", "prompt": "What is 9 - 4?", "answer": 5},  # tr-3
-    ]))
+    train_file.write_text(
+        json.dumps(
+            [
+                {"id": "tr-1", "prompt": "What is 2 + 2?", "answer": 4},
+                {"id": "tr-2", "prompt": "What is 3 + 5?", "answer": 8},
+                {"id": "tr-3", "prompt": "What is 9 - 4?", "answer": 5},
+            ]
+        )
+    )
+    eval_file.write_text(
+        json.dumps(
+            [
+                {"id": "ev-1", "prompt": "what is 3+5 ?", "answer": 8},  # tr-2, reformatted
+                {"id": "ev-2", "prompt": "What is 7 * 6?", "answer": 42},
+                {"id": "ev-3", "prompt": "What is 9 - 4?", "answer": 5},  # tr-3
+            ]
+        )
+    )
     cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", f"tasks.source={train_file}")
-    args = ["eval", "--config", str(_config_file(cfg, tmp_path / "c.yaml")),
-            "--tasks", str(eval_file), "--out", str(tmp_path / "out")]
+    args = [
+        "eval",
+        "--config",
+        str(_config_file(cfg, tmp_path / "c.yaml")),
+        "--tasks",
+        str(eval_file),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "2 problem(s)" in err and "ev-1 (= train tr-2)" in err and "ev-3 (= train tr-3)" in err
@@ -116,9 +148,16 @@ def test_overlapping_eval_set_stops_unless_allowed(
     assert json.loads((tmp_path / "out" / "eval.json").read_text())["tasks"] == 3
 
 
-def test_training_logs_held_out_metrics_every_eval_every_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
-    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.steps=3", "tasks.eval_every=2",
-                          "tasks.eval_num_tasks=2")
+def test_training_logs_held_out_metrics_every_eval_every_steps(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    cfg = tiny_run_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "train.steps=3",
+        "tasks.eval_every=2",
+        "tasks.eval_num_tasks=2",
+    )
     run_dir = train(cfg)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [("eval/accuracy" in m) for m in metrics] == [False, True, True]  # every 2, and the last

@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_run_config
 
 GOLDEN = Path(__file__).parent / "data" / "golden_tiny_run.json"
@@ -34,7 +33,9 @@ def _fingerprint(episodes_path: Path) -> list[dict[str, object]]:
                     "task": ep["task_id"],
                     "agent": a["agent"],
                     "turn": a["turn"],
-                    "prompt_sha": hashlib.sha256(json.dumps(a["prompt_ids"]).encode()).hexdigest()[:16],
+                    "prompt_sha": hashlib.sha256(json.dumps(a["prompt_ids"]).encode()).hexdigest()[
+                        :16
+                    ],
                     "completion_ids": a["completion_ids"],
                     "score": round(a["coach"]["value"], 7),
                 }
@@ -43,7 +44,9 @@ def _fingerprint(episodes_path: Path) -> list[dict[str, object]]:
 
 
 @pytest.mark.integration
-def test_fixed_seed_tiny_run_matches_pinned_tokens_and_scores(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_fixed_seed_tiny_run_matches_pinned_tokens_and_scores(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     from mappa.train import train
 
     run_dir = train(tiny_run_config(tiny_model_dir, tmp_path / "run"))
@@ -53,5 +56,11 @@ def test_fixed_seed_tiny_run_matches_pinned_tokens_and_scores(tiny_model_dir: Pa
     want = json.loads(GOLDEN.read_text())
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
-        assert {k: v for k, v in g.items() if k != "score"} == {k: v for k, v in w.items() if k != "score"}
-        assert g["score"] == pytest.approx(w["score"], abs=1e-6), (g["episode"], g["agent"], g["turn"])
+        assert {k: v for k, v in g.items() if k != "score"} == {
+            k: v for k, v in w.items() if k != "score"
+        }
+        assert g["score"] == pytest.approx(w["score"], abs=1e-6), (
+            g["episode"],
+            g["agent"],
+            g["turn"],
+        )

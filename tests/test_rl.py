@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mappa.config import RLConfig
-from mappa.rl import get_estimator, kl_estimate, masked_whiten, policy_loss, returns_to_go, token_rewards
+from mappa.rl import (
+    get_estimator,
+    kl_estimate,
+    masked_whiten,
+    policy_loss,
+    returns_to_go,
+    token_rewards,
+)
 from mappa.rl.advantages import EstimatorConfig, Groups
 from mappa.rl.core import KLController, grouped_whiten
 from mappa.rl.loss import LossConfig
@@ -25,12 +32,18 @@ MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 CFG = EstimatorConfig(gamma=1.0)
 
 
-def groups(rewards: list[float], prompt: list[int] | None = None, scope: list[int] | None = None,
-           outcomes: list[float] | None = None) -> Groups:
+def groups(
+    rewards: list[float],
+    prompt: list[int] | None = None,
+    scope: list[int] | None = None,
+    outcomes: list[float] | None = None,
+) -> Groups:
     n = len(rewards)
     return Groups(
-        prompt=torch.tensor(prompt or [0] * n), scope=torch.tensor(scope or [0] * n),
-        rewards=torch.tensor(rewards), outcomes=torch.tensor(outcomes or [0.0] * n),
+        prompt=torch.tensor(prompt or [0] * n),
+        scope=torch.tensor(scope or [0] * n),
+        rewards=torch.tensor(rewards),
+        outcomes=torch.tensor(outcomes or [0.0] * n),
     )
 
 
@@ -147,19 +160,41 @@ def test_whitening_scopes() -> None:
     assert torch.allclose(pooled, torch.tensor([[-1.75, -0.75], [0.25, 2.25]]) / s, atol=1e-5)
 
 
-def _item(agent: str, task_type: str, task_id: str, score: float, correct: bool | None,
-          truncated: bool = False) -> tuple[Episode, Action]:
+def _item(
+    agent: str,
+    task_type: str,
+    task_id: str,
+    score: float,
+    correct: bool | None,
+    truncated: bool = False,
+) -> tuple[Episode, Action]:
     ep = Episode("e", task_id, "t", "1", task_type=task_type, correct=correct)
-    act = Action("e", agent, 0, [1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], "p", "c", truncated,
-                 coach=Score(score))
+    act = Action(
+        "e",
+        agent,
+        0,
+        [1, 2],
+        [3, 4, 5],
+        [-0.1, -0.2, -0.3],
+        "p",
+        "c",
+        truncated,
+        coach=Score(score),
+    )
     return ep, act
 
 
 def test_build_batch_scopes_groups_rewards_and_truncation() -> None:
-    items = [_item("a", "x", "t1", 8.0, True), _item("a", "y", "t1", 2.0, False),
-             _item("b", "x", "t1", 6.0, None, truncated=True), _item("b", "x", "t2", 4.0, True)]
+    items = [
+        _item("a", "x", "t1", 8.0, True),
+        _item("a", "y", "t1", 2.0, False),
+        _item("b", "x", "t1", 6.0, None, truncated=True),
+        _item("b", "x", "t2", 4.0, True),
+    ]
+
     def scope(name: str) -> list[int]:
         return build_batch(items, RLConfig(norm_scope=name)).groups.scope.tolist()  # type: ignore[arg-type]
+
     assert scope("agent") == [0, 0, 1, 1]
     assert scope("global") == [0, 0, 0, 0]
     assert scope("agent_tasktype") == [0, 1, 2, 2]
@@ -207,7 +242,9 @@ def test_policy_loss_symmetric_and_asymmetric_clip() -> None:
     # t0: max(-1.5, -1.2)=-1.2 ; t1: max(0.5, 0.8)=0.8 ; t2: max(-3,-3)=-3 ; mean -3.4/3
     assert math.isclose(float(loss), -3.4 / 3, abs_tol=1e-6)
     assert math.isclose(stats["clip_frac"], 2 / 3, abs_tol=1e-6)
-    assert math.isclose(stats["approx_kl"], 0.5 * (math.log(1.5) ** 2 + math.log(0.5) ** 2) / 3, abs_tol=1e-6)
+    assert math.isclose(
+        stats["approx_kl"], 0.5 * (math.log(1.5) ** 2 + math.log(0.5) ** 2) / 3, abs_tol=1e-6
+    )
     loss, _ = policy_loss(LOGP, OLD, ADV, LMASK, LossConfig(clip_eps_low=0.1, clip_eps_high=0.3))
     # t0: max(-1.5, -1.3)=-1.3 ; t1: max(0.5, 0.9)=0.9 ; t2: -3 ; mean -3.4/3
     assert math.isclose(float(loss), (-1.3 + 0.9 - 3) / 3, abs_tol=1e-6)
@@ -224,8 +261,15 @@ def test_policy_loss_sequence_mean_kl_in_loss_and_entropy() -> None:
     assert math.isclose(float(loss), -1.6, abs_tol=1e-6)
     ref = torch.tensor([[0.0, 0.0], [-0.5, 0.0]])
     cfg = LossConfig(kl_beta_in_loss=0.5, kl_estimator="k1")
-    loss, stats = policy_loss(logp, torch.zeros(2, 2), adv, mask, cfg, logp_ref=ref,
-                              entropy=torch.tensor([[1.0, 2.0], [3.0, 50.0]]))
+    loss, stats = policy_loss(
+        logp,
+        torch.zeros(2, 2),
+        adv,
+        mask,
+        cfg,
+        logp_ref=ref,
+        entropy=torch.tensor([[1.0, 2.0], [3.0, 50.0]]),
+    )
     # k1 per token: log1.5=.405465, log.5=-.693147, 0-(-0.5)=.5 ; token mean of
     # (-1.2+.5*.405465) + (0.8+.5*-.693147) + (-3+.5*.5) = -3.4 + 0.5*0.212318 -> /3
     assert math.isclose(float(loss), (-3.4 + 0.5 * 0.2123179) / 3, abs_tol=1e-6)

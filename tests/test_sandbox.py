@@ -11,7 +11,6 @@ import io
 import json
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import process_backend
 
 from mappa.config import AgentConfig, RolloutConfig, SandboxConfig, WorkflowConfig, load_config
 from mappa.models.interface import Sample
@@ -44,12 +44,9 @@ from mappa.sandbox.backends import process as process_module
 from mappa.sandbox.backends.local import LocalBackend, classify, limit_from_traceback
 from mappa.sandbox.capture import Capture
 from mappa.sandbox.execute import cut_middle
-from mappa.sandbox.identity import host_is_root
 from mappa.sandbox.session import RESTARTED
 from mappa.tasks import Task
 from mappa.workflow.runner import PipelineRunner, sandbox_limits
-
-from conftest import process_backend
 
 pytestmark = pytest.mark.filterwarnings("ignore::mappa.sandbox.SandboxIsolationWarning")
 
@@ -91,7 +88,9 @@ def test_code_may_import_its_own_modules_and_pickle_its_classes(tmp_path: Path) 
 def test_output_is_cut_head_and_tail(tmp_path: Path) -> None:
     res = execute("print('A' * 5000 + 'Z' * 5000)", tmp_path, Limits(max_output_chars=1000))
     assert res.status == "ok"
-    assert len(res.stdout) < 1100 and res.stdout.startswith("A") and res.stdout.rstrip().endswith("Z")
+    assert (
+        len(res.stdout) < 1100 and res.stdout.startswith("A") and res.stdout.rstrip().endswith("Z")
+    )
     assert "chars cut" in res.stdout
     assert cut_middle("short", 10) == "short"
 
@@ -176,16 +175,36 @@ def test_file_handoff_between_agents_with_provenance(backend: LocalBackend, tmp_
     (tmp_path / "episode" / "train.csv").write_text("x,y\n1,2\n")
     ws = Workspace(tmp_path / "episode")
     with SandboxPool(backend, Limits(wall_time_s=10)) as pool:
-        [[a]] = pool.run([Job(ws, "data_engineer", 0, [
-            "import pickle\nrows = open('train.csv').read().split()[1:]\n"
-            "pickle.dump([int(v) for r in rows for v in r.split(',')], open('X_train.pkl', 'wb'))\n"
-            "print('saved')"
-        ])])
-        [[b]] = pool.run([Job(ws, "modeler", 1, [
-            "import pickle\nX = pickle.load(open('X_train.pkl', 'rb'))\nprint(sum(X))\n"
-            "pickle.dump({'coef': sum(X)}, open('model.pkl', 'wb'))"
-        ])])
-    assert a.status == "ok" and a.files_changed == {"X_train.pkl": (ws.path / "X_train.pkl").stat().st_size}
+        [[a]] = pool.run(
+            [
+                Job(
+                    ws,
+                    "data_engineer",
+                    0,
+                    [
+                        "import pickle\nrows = open('train.csv').read().split()[1:]\n"
+                        "pickle.dump([int(v) for r in rows for v in r.split(',')], open('X_train.pkl', 'wb'))\n"
+                        "print('saved')"
+                    ],
+                )
+            ]
+        )
+        [[b]] = pool.run(
+            [
+                Job(
+                    ws,
+                    "modeler",
+                    1,
+                    [
+                        "import pickle\nX = pickle.load(open('X_train.pkl', 'rb'))\nprint(sum(X))\n"
+                        "pickle.dump({'coef': sum(X)}, open('model.pkl', 'wb'))"
+                    ],
+                )
+            ]
+        )
+    assert a.status == "ok" and a.files_changed == {
+        "X_train.pkl": (ws.path / "X_train.pkl").stat().st_size
+    }
     assert b.status == "ok" and b.stdout.strip() == "3", b.stderr
     assert set(b.files_changed) == {"model.pkl"}
     assert pickle.loads(ws.read_bytes("model.pkl")) == {"coef": 3}
@@ -199,9 +218,15 @@ def test_file_handoff_between_agents_with_provenance(backend: LocalBackend, tmp_
 
 def test_provenance_tracks_modification_and_deletion(tmp_path: Path) -> None:
     ws = Workspace(tmp_path / "ep")
-    with SandboxPool(BwrapBackend() if bwrap_problem() is None else process_backend(), Limits()) as pool:
-        pool.run([Job(ws, "a", 0, ["open('f.txt', 'w').write('1')", "open('g.txt', 'w').write('1')"])])
-        pool.run([Job(ws, "b", 0, ["open('f.txt', 'a').write('22')\nimport os\nos.remove('g.txt')"])])
+    with SandboxPool(
+        BwrapBackend() if bwrap_problem() is None else process_backend(), Limits()
+    ) as pool:
+        pool.run(
+            [Job(ws, "a", 0, ["open('f.txt', 'w').write('1')", "open('g.txt', 'w').write('1')"])]
+        )
+        pool.run(
+            [Job(ws, "b", 0, ["open('f.txt', 'a').write('22')\nimport os\nos.remove('g.txt')"])]
+        )
     assert list(ws.files) == ["f.txt"]
     rec = ws.files["f.txt"]
     assert (rec.size, rec.created_by, rec.modified_by) == (3, Author("a", 0), Author("b", 0))
@@ -244,14 +269,21 @@ def test_workspace_read_bytes_refuses_planted_symlinks(tmp_path: Path) -> None:
 def test_pool_runs_episodes_in_parallel_and_returns_in_order(tmp_path: Path) -> None:
     backend = BwrapBackend() if bwrap_problem() is None else process_backend()
     jobs = [
-        Job(Workspace(tmp_path / f"e{i}"), "agent", 0, [f"import time\ntime.sleep({0.4 - 0.1 * i})\nprint({i})", f"print({i} * 10)"])
+        Job(
+            Workspace(tmp_path / f"e{i}"),
+            "agent",
+            0,
+            [f"import time\ntime.sleep({0.4 - 0.1 * i})\nprint({i})", f"print({i} * 10)"],
+        )
         for i in range(4)
     ]
     with SandboxPool(backend, Limits(), size=4) as pool:
         start = time.monotonic()
         results = pool.run(jobs)
         elapsed = time.monotonic() - start
-    assert [[r.stdout.strip() for r in rs] for rs in results] == [[str(i), str(i * 10)] for i in range(4)]
+    assert [[r.stdout.strip() for r in rs] for rs in results] == [
+        [str(i), str(i * 10)] for i in range(4)
+    ]
     assert elapsed < 1.0 + 0.5  # the sleeps (1.0 s in total) overlapped
 
 
@@ -262,18 +294,36 @@ def test_persistent_interpreter_keeps_state_with_same_isolation(
     ws = Workspace(tmp_path / "ep")
     limits = Limits(wall_time_s=1, max_output_chars=500)
     with SandboxPool(backend, limits, mode="persistent") as pool:
-        [[r1, r2]] = pool.run([Job(ws, "analyst", 0, [
-            "import os\ncounter = 1\nopen('notes.txt', 'w').write('a')\nprint(os.environ.get('OPENAI_API_KEY'))",
-            "counter += 1\nprint(counter)",
-        ])])
-        [[r3, r4, r5]] = pool.run([Job(ws, "analyst", 1, [
-            "raise KeyError('oops')", "print(counter + 40)", "print('x' * 2000)"
-        ])])
+        [[r1, r2]] = pool.run(
+            [
+                Job(
+                    ws,
+                    "analyst",
+                    0,
+                    [
+                        "import os\ncounter = 1\nopen('notes.txt', 'w').write('a')\nprint(os.environ.get('OPENAI_API_KEY'))",
+                        "counter += 1\nprint(counter)",
+                    ],
+                )
+            ]
+        )
+        [[r3, r4, r5]] = pool.run(
+            [
+                Job(
+                    ws,
+                    "analyst",
+                    1,
+                    ["raise KeyError('oops')", "print(counter + 40)", "print('x' * 2000)"],
+                )
+            ]
+        )
         [[other]] = pool.run([Job(ws, "verifier", 0, ["print('counter' in dir())"])])
         [[r6, r7]] = pool.run([Job(ws, "analyst", 2, ["while True:\n    pass", "print(counter)"])])
     assert (r1.status, r1.stdout.strip(), r1.files_changed) == ("ok", "None", {"notes.txt": 1})
     assert r2.stdout.strip() == "2" and r2.files_changed == {}
-    assert r3.status == "error" and "KeyError: 'oops'" in r3.stderr and 'File "<cell 3>"' in r3.stderr
+    assert (
+        r3.status == "error" and "KeyError: 'oops'" in r3.stderr and 'File "<cell 3>"' in r3.stderr
+    )
     assert r4.stdout.strip() == "42"  # an exception does not lose the state
     assert "chars cut" in r5.stdout and len(r5.stdout) < 600
     assert other.stdout.strip() == "False"  # one interpreter per agent
@@ -313,8 +363,15 @@ class _ScriptPolicy:
     def __init__(self, scripts: dict[str, list[str]]) -> None:
         self.scripts, self.calls = scripts, {name: 0 for name in scripts}
 
-    def generate(self, agent: str | None, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 temperature: float = 1.0, batch_size: int = 8, greedy: bool = False) -> list[Sample]:
+    def generate(
+        self,
+        agent: str | None,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        batch_size: int = 8,
+        greedy: bool = False,
+    ) -> list[Sample]:
         assert agent is not None
         text = self.scripts[agent][self.calls[agent]]
         self.calls[agent] += 1
@@ -324,16 +381,33 @@ class _ScriptPolicy:
 
 def test_runner_shares_the_episode_workspace_and_records_who_made_what(tmp_path: Path) -> None:
     agents = [
-        AgentConfig(name="engineer", role="E", input_template="{task}", max_actions=2, run_code=True),
-        AgentConfig(name="modeler", role="M", input_template="{task}", max_actions=2, run_code=True),
+        AgentConfig(
+            name="engineer", role="E", input_template="{task}", max_actions=2, run_code=True
+        ),
+        AgentConfig(
+            name="modeler", role="M", input_template="{task}", max_actions=2, run_code=True
+        ),
     ]
-    policy = _ScriptPolicy({
-        "engineer": ["```python\nimport pickle\npickle.dump([1, 2], open('X.pkl', 'wb'))\nprint('ok')\n```", "done"],
-        "modeler": ["```python\nimport pickle\nprint(sum(pickle.load(open('X.pkl', 'rb'))))\n```", "done"],
-    })
+    policy = _ScriptPolicy(
+        {
+            "engineer": [
+                "```python\nimport pickle\npickle.dump([1, 2], open('X.pkl', 'wb'))\nprint('ok')\n```",
+                "done",
+            ],
+            "modeler": [
+                "```python\nimport pickle\nprint(sum(pickle.load(open('X.pkl', 'rb'))))\n```",
+                "done",
+            ],
+        }
+    )
     runner = PipelineRunner(
-        policy, _CharChat(), agents, WorkflowConfig(), RolloutConfig(max_prompt_tokens=100_000),  # type: ignore[arg-type]
-        SandboxConfig(pool_size=2), tmp_path / "workspaces",
+        policy,
+        _CharChat(),
+        agents,
+        WorkflowConfig(),
+        RolloutConfig(max_prompt_tokens=100_000),  # type: ignore[arg-type]
+        SandboxConfig(pool_size=2),
+        tmp_path / "workspaces",
     )
     episodes = runner.run([Task("t0", "task", None), Task("t1", "task", None)])
     for ep in episodes:
@@ -359,20 +433,38 @@ def _fake_sandboxfusion(request: httpx.Request) -> httpx.Response:
         for name, data in body["files"].items():
             Path(d, name).parent.mkdir(parents=True, exist_ok=True)
             Path(d, name).write_bytes(base64.b64decode(data))
-        proc = subprocess.run([sys.executable, "-c", body["code"]], cwd=d, capture_output=True,
-                              text=True, timeout=body["run_timeout"])
-        files = {n: base64.b64encode(Path(d, n).read_bytes()).decode()
-                 for n in body["fetch_files"] if Path(d, n).exists()}
-    return httpx.Response(200, json={
-        "status": "Success" if proc.returncode == 0 else "Failed",
-        "run_result": {"status": "Finished", "return_code": proc.returncode,
-                       "stdout": proc.stdout, "stderr": proc.stderr, "execution_time": 0.1},
-        "files": files,
-    })
+        proc = subprocess.run(
+            [sys.executable, "-c", body["code"]],
+            cwd=d,
+            capture_output=True,
+            text=True,
+            timeout=body["run_timeout"],
+        )
+        files = {
+            n: base64.b64encode(Path(d, n).read_bytes()).decode()
+            for n in body["fetch_files"]
+            if Path(d, n).exists()
+        }
+    return httpx.Response(
+        200,
+        json={
+            "status": "Success" if proc.returncode == 0 else "Failed",
+            "run_result": {
+                "status": "Finished",
+                "return_code": proc.returncode,
+                "stdout": proc.stdout,
+                "stderr": proc.stderr,
+                "execution_time": 0.1,
+            },
+            "files": files,
+        },
+    )
 
 
 def test_sandboxfusion_backend_protocol_and_file_sync(tmp_path: Path) -> None:
-    backend = SandboxFusionBackend("http://sandbox.test", httpx.Client(transport=httpx.MockTransport(_fake_sandboxfusion)))
+    backend = SandboxFusionBackend(
+        "http://sandbox.test", httpx.Client(transport=httpx.MockTransport(_fake_sandboxfusion))
+    )
     (tmp_path / "train.csv").write_text("1\n2\n")
     code = (
         "import os\nrows = open('train.csv').read().split()\nos.makedirs('out')\n"
@@ -380,7 +472,10 @@ def test_sandboxfusion_backend_protocol_and_file_sync(tmp_path: Path) -> None:
     )
     result = backend.execute(code, tmp_path, Limits())
     assert result.status == "ok" and result.stdout.strip() == "ok", result
-    assert result.files_changed == {"out/sum.txt": 1} and (tmp_path / "out" / "sum.txt").read_text() == "3"
+    assert (
+        result.files_changed == {"out/sum.txt": 1}
+        and (tmp_path / "out" / "sum.txt").read_text() == "3"
+    )
     failed = backend.execute("raise SystemExit(2)", tmp_path, Limits())
     assert (failed.status, failed.exit_code) == ("error", 2)
 
@@ -396,7 +491,10 @@ def test_sandboxfusion_unpack_refuses_paths_outside(tmp_path: Path) -> None:
             tar.addfile(info, io.BytesIO(b"hi"))
     (tmp_path / "ws").mkdir()
     _unpack(buf.getvalue(), tmp_path / "ws")
-    assert sorted(os.listdir(tmp_path / "ws")) == ["fine.txt"] and not (tmp_path / "escape.txt").exists()
+    assert (
+        sorted(os.listdir(tmp_path / "ws")) == ["fine.txt"]
+        and not (tmp_path / "escape.txt").exists()
+    )
 
 
 @pytest.mark.integration

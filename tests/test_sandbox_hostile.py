@@ -9,10 +9,8 @@ cannot contain them here, rather than run unlimited on this machine.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -62,7 +60,9 @@ def sandbox_processes() -> list[int]:
             except OSError:
                 continue
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            if lo <= int(fields["Uid"].split()[0]) <= hi and not fields["State"].strip().startswith("Z"):
+            if lo <= int(fields["Uid"].split()[0]) <= hi and not fields["State"].strip().startswith(
+                "Z"
+            ):
                 found.append(int(entry))
     return found
 
@@ -117,7 +117,12 @@ def test_fork_bomb_is_contained(backend: LocalBackend, ws: Path) -> None:
 
 def test_while_true_fork_hits_process_limit(backend: LocalBackend, ws: Path) -> None:
     require_contained(backend)
-    result = run(backend, "import os\nwhile True:\n    os.fork()", ws, Limits(wall_time_s=5, max_processes=16))
+    result = run(
+        backend,
+        "import os\nwhile True:\n    os.fork()",
+        ws,
+        Limits(wall_time_s=5, max_processes=16),
+    )
     assert (result.status, result.limit) == ("error", "processes"), result
     assert "process limit of 16" in result.observation()
 
@@ -197,7 +202,9 @@ def test_socket_to_localhost_fails(backend: LocalBackend, ws: Path) -> None:
             server.accept()
 
 
-def test_killing_its_parent_and_everyone_leaves_the_host_alive(backend: LocalBackend, ws: Path) -> None:
+def test_killing_its_parent_and_everyone_leaves_the_host_alive(
+    backend: LocalBackend, ws: Path
+) -> None:
     require_contained(backend)
     bystander = subprocess.Popen(["sleep", "30"])  # a host process the code must not reach
     try:

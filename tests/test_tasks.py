@@ -51,7 +51,10 @@ def test_arithmetic_answers_are_exact_seeded_and_unique(difficulty: int) -> None
 
 
 def test_levels_grow_from_one_operation_to_multi_step() -> None:
-    ops = {d: [t.prompt.count(". Then") for t in generate(40, seed=0, difficulty=d)] for d in range(1, 6)}
+    ops = {
+        d: [t.prompt.count(". Then") for t in generate(40, seed=0, difficulty=d)]
+        for d in range(1, 6)
+    }
     assert all(p.startswith("What is") for p in (t.prompt for t in generate(20, difficulty=1)))
     assert set(ops[2]) == {1} and set(ops[3]) == {2} and set(ops[4]) == set(ops[5]) == {3}
     assert any("among" in t.prompt for t in generate(200, difficulty=4))
@@ -62,9 +65,14 @@ def test_levels_grow_from_one_operation_to_multi_step() -> None:
 
 def test_task_files(tmp_path: Path) -> None:
     p = tmp_path / "t.jsonl"
-    p.write_text('{"prompt": "1+1?", "answer": 2.0, "id": "a"}\n{"problem": "2+2?", "answer": "4"}\n')
+    p.write_text(
+        '{"prompt": "1+1?", "answer": 2.0, "id": "a"}\n{"problem": "2+2?", "answer": "4"}\n'
+    )
     tasks = load_tasks(str(p), 0, 1, 0)
-    assert [(t.task_id, t.prompt, t.answer) for t in tasks] == [("a", "1+1?", "2"), ("1", "2+2?", "4")]
+    assert [(t.task_id, t.prompt, t.answer) for t in tasks] == [
+        ("a", "1+1?", "2"),
+        ("1", "2+2?", "4"),
+    ]
     (tmp_path / "bad.json").write_text(json.dumps([{"text": "x"}]))
     with pytest.raises(ValueError, match="no 'prompt'"):
         load_tasks(str(tmp_path / "bad.json"), 0, 1, 0)
@@ -84,13 +92,17 @@ def test_shared_math_files_load() -> None:
 
 def test_hugging_face_dataset_dir(tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
-    rows = [{"problem": "What is 2+3?", "answer": "5", "unique_id": "p/1"},
-            {"problem": "What is 3*3?", "answer": "9", "unique_id": "p/2"}]
+    rows = [
+        {"problem": "What is 2+3?", "answer": "5", "unique_id": "p/1"},
+        {"problem": "What is 3*3?", "answer": "9", "unique_id": "p/2"},
+    ]
     ds = datasets.Dataset.from_list(rows)
     ds.save_to_disk(str(tmp_path / "one"))
     tasks = load_tasks(str(tmp_path / "one"), 0, 1, 0)
     assert [(t.task_id, t.prompt, t.answer) for t in tasks] == [
-        ("p/1", "What is 2+3?", "5"), ("p/2", "What is 3*3?", "9")]
+        ("p/1", "What is 2+3?", "5"),
+        ("p/2", "What is 3*3?", "9"),
+    ]
     datasets.DatasetDict({"train": ds, "test": ds.select([1])}).save_to_disk(str(tmp_path / "dd"))
     with pytest.raises(ValueError, match="several splits"):
         load_tasks(str(tmp_path / "dd"), 0, 1, 0)
@@ -104,4 +116,3 @@ def test_overlap_is_found_by_normalized_text() -> None:
     with pytest.raises(SplitOverlapError, match=r"e1 \(= train t1\)"):
         check_disjoint(held, train, allow_overlap=False)
     assert check_disjoint(held, train, allow_overlap=True) == [("e1", "t1")]
-

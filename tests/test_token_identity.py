@@ -11,18 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_run_config
 
 from mappa.config import RLConfig
+from mappa.models.interface import Sample
 from mappa.models.loading import load_base
 from mappa.models.policies import AgentPolicies
-from mappa.models.interface import Sample
 from mappa.rl.update import build_batch, compute_advantages, policy_step, reference_logprobs
 from mappa.tasks import Task
 from mappa.train import build_runner
 from mappa.workflow.chat import ChatFormat
 from mappa.workflow.records import Score
-
-from conftest import tiny_run_config
 
 
 class FakeScriptedPolicy:
@@ -33,8 +32,15 @@ class FakeScriptedPolicy:
         self.calls: dict[str, int] = {}
         self.seen: list[tuple[str, list[list[int]]]] = []
 
-    def generate(self, agent: str | None, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 temperature: float = 1.0, batch_size: int = 8, greedy: bool = False) -> list[Sample]:
+    def generate(
+        self,
+        agent: str | None,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        batch_size: int = 8,
+        greedy: bool = False,
+    ) -> list[Sample]:
         assert agent is not None
         n = self.calls.get(agent, 0)
         self.calls[agent] = n + 1
@@ -50,10 +56,18 @@ class RecordingPolicy:
         self.inner = inner
         self.calls: list[tuple[str | None, list[list[int]], list[list[int]]]] = []
 
-    def completion_logprobs(self, agent, prompt_ids, completion_ids, temperature=1.0,  # type: ignore[no-untyped-def]
-                            with_entropy=False):
+    def completion_logprobs(
+        self,
+        agent,
+        prompt_ids,
+        completion_ids,
+        temperature=1.0,  # type: ignore[no-untyped-def]
+        with_entropy=False,
+    ):
         self.calls.append((agent, [list(p) for p in prompt_ids], [list(c) for c in completion_ids]))
-        return self.inner.completion_logprobs(agent, prompt_ids, completion_ids, temperature, with_entropy)
+        return self.inner.completion_logprobs(
+            agent, prompt_ids, completion_ids, temperature, with_entropy
+        )
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +113,13 @@ def test_tool_loop_second_prompt_is_real_context_and_is_trained_on(
     items = [(ep, a) for ep in episodes for a in ep.agent_actions("code_executor")]
     for (_, a), v in zip(items, [8.0, 2.0, 6.0, 4.0], strict=True):
         a.coach = Score(v)
-        a.sample_logprobs = tiny.completion_logprobs(  # a real old policy for the ratio
-            "code_executor", [a.prompt_ids], [a.completion_ids]
-        ).logprobs[0, : len(a.completion_ids)].tolist()
+        a.sample_logprobs = (
+            tiny.completion_logprobs(  # a real old policy for the ratio
+                "code_executor", [a.prompt_ids], [a.completion_ids]
+            )
+            .logprobs[0, : len(a.completion_ids)]
+            .tolist()
+        )
     actions = [a for _, a in items]
     rl = RLConfig(micro_batch_size=8)
     recorder = RecordingPolicy(tiny)
@@ -109,8 +127,17 @@ def test_tool_loop_second_prompt_is_real_context_and_is_trained_on(
     ref = reference_logprobs(recorder, batch.actions, batch.old.shape[1], 8, 1.0)
     adv, _, _ = compute_advantages(batch, ref, rl, beta=0.01)
     params = tiny.adapter_parameters("code_executor")
-    stats = policy_step(recorder, "code_executor", batch, adv, ref,
-                        torch.optim.Adam(params, lr=1e-3), params, rl, beta=0.01)
+    stats = policy_step(
+        recorder,
+        "code_executor",
+        batch,
+        adv,
+        ref,
+        torch.optim.Adam(params, lr=1e-3),
+        params,
+        rl,
+        beta=0.01,
+    )
     assert stats.tokens == sum(len(a.completion_ids) for a in actions)
     assert [c[0] for c in recorder.calls] == [None, "code_executor"]
     for _, prompts, completions in recorder.calls:
@@ -121,7 +148,9 @@ def test_tool_loop_second_prompt_is_real_context_and_is_trained_on(
 def test_sampling_logprobs_match_training_logprobs_across_a_tool_turn(tiny: AgentPolicies) -> None:
     chat = ChatFormat(tiny.tokenizer)
     torch.manual_seed(0)
-    prompts = [chat.first_prompt("You are the Code Executor.", f"Compute {i} + 5.") for i in range(3)]
+    prompts = [
+        chat.first_prompt("You are the Code Executor.", f"Compute {i} + 5.") for i in range(3)
+    ]
     first = tiny.generate("code_executor", prompts, max_new_tokens=10)
     second_prompts = [
         s.prompt_ids + s.completion_ids + chat.tool_turn("Code output:\n17", not s.truncated)

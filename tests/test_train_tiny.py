@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_run_config
 from safetensors.torch import load_file
 
 from mappa.jsonl import read_jsonl
@@ -16,15 +17,17 @@ from mappa.models.loading import load_base
 from mappa.train import load_policies, train
 from mappa.workflow.records import read_episodes
 
-from conftest import tiny_run_config
 
-
-def test_two_steps_change_each_adapter_and_not_the_base(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_two_steps_change_each_adapter_and_not_the_base(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     cfg = tiny_run_config(tiny_model_dir, tmp_path / "run")
     policies = load_policies(cfg)
     base_before = {k: v.clone() for k, v in policies.base_parameters().items()}
     names = [a.name for a in cfg.agents]
-    adapters_before = {n: [p.detach().clone() for p in policies.adapter_parameters(n)] for n in names}
+    adapters_before = {
+        n: [p.detach().clone() for p in policies.adapter_parameters(n)] for n in names
+    }
 
     start = time.monotonic()
     run_dir = train(cfg, policies)
@@ -34,10 +37,15 @@ def test_two_steps_change_each_adapter_and_not_the_base(tiny_model_dir: Path, tm
         assert torch.equal(tensor, base_before[name]), f"base weight {name} changed"
     after = {n: [p.detach() for p in policies.adapter_parameters(n)] for n in names}
     for n in names:
-        assert any(not torch.equal(a, b) for a, b in zip(after[n], adapters_before[n], strict=True)), n
+        assert any(
+            not torch.equal(a, b) for a, b in zip(after[n], adapters_before[n], strict=True)
+        ), n
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
-            assert any(not torch.equal(x, y) for x, y in zip(after[a], after[b], strict=True)), (a, b)
+            assert any(not torch.equal(x, y) for x, y in zip(after[a], after[b], strict=True)), (
+                a,
+                b,
+            )
 
     # Outputs: one standard PEFT adapter per agent, equal to the trained weights.
     from peft import PeftModel

@@ -34,24 +34,45 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--config", type=Path, default=None, help="run config YAML (default: demo)")
         s.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. rl.lr=1e-5")
     ev = sub.choices["eval"]
-    ev.add_argument("--adapters", type=Path, default=None,
-                    help="a run dir or its adapters/ dir (default: the untrained base)")
-    ev.add_argument("--tasks", default=None,
-                    help="task file or dataset dir (default: tasks.eval_source, else held-out arithmetic)")
+    ev.add_argument(
+        "--adapters",
+        type=Path,
+        default=None,
+        help="a run dir or its adapters/ dir (default: the untrained base)",
+    )
+    ev.add_argument(
+        "--tasks",
+        default=None,
+        help="task file or dataset dir (default: tasks.eval_source, else held-out arithmetic)",
+    )
     ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N tasks")
-    ev.add_argument("--out", type=Path, default=None, help="where eval.json and eval_episodes.jsonl go")
-    ev.add_argument("--samples", type=int, default=None,
-                    help="k samples per task for avg@k / pass@k (default: tasks.eval_samples)")
-    ev.add_argument("--temperature", type=float, default=None,
-                    help="sampling temperature, 0 = greedy (default: tasks.eval_temperature)")
-    ev.add_argument("--allow-overlap", action="store_true",
-                    help="evaluate even if tasks also occur in the training set (tasks.source)")
+    ev.add_argument(
+        "--out", type=Path, default=None, help="where eval.json and eval_episodes.jsonl go"
+    )
+    ev.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="k samples per task for avg@k / pass@k (default: tasks.eval_samples)",
+    )
+    ev.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature, 0 = greedy (default: tasks.eval_temperature)",
+    )
+    ev.add_argument(
+        "--allow-overlap",
+        action="store_true",
+        help="evaluate even if tasks also occur in the training set (tasks.source)",
+    )
     return p
 
 
 def _setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # PEFT 0.21 calls a transformers API that transformers 5 deprecates; not actionable.
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
@@ -61,8 +82,11 @@ def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
     from mappa.config import TaskConfig
     from mappa.evaluation import checked_heldout, evaluate
 
-    flags = {"eval_samples": args.samples, "eval_temperature": args.temperature,
-             "allow_overlap": args.allow_overlap or None}
+    flags = {
+        "eval_samples": args.samples,
+        "eval_temperature": args.temperature,
+        "allow_overlap": args.allow_overlap or None,
+    }
     try:  # the flags are validated exactly like the config keys they override
         cfg.tasks = TaskConfig.model_validate(
             {**cfg.tasks.model_dump(), **{k: v for k, v in flags.items() if v is not None}}

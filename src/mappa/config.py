@@ -122,7 +122,9 @@ class TaskConfig(_Strict):
     )
     num_tasks: int = Field(256, ge=1, description="How many arithmetic tasks to generate.")
     difficulty: int = Field(
-        1, ge=1, le=5,
+        1,
+        ge=1,
+        le=5,
         description="Arithmetic level: 1 one bare operation, 2-4 word problems of 1-3 steps, "
         "5 multi-step word problems about two people.",
     )
@@ -134,7 +136,9 @@ class TaskConfig(_Strict):
     )
     eval_num_tasks: int = Field(32, ge=1, description="Arithmetic held-out set size.")
     eval_every: int = Field(
-        0, ge=0, description="Evaluate on the held-out set every N training steps and after "
+        0,
+        ge=0,
+        description="Evaluate on the held-out set every N training steps and after "
         "the last one, logging `eval/...` metrics (0: never during training).",
     )
     eval_samples: int = Field(
@@ -144,12 +148,14 @@ class TaskConfig(_Strict):
         0.0, ge=0.0, description="Sampling temperature for evaluation; 0 is greedy decoding."
     )
     allow_overlap: bool = Field(
-        False, description="Evaluate even if held-out problems also occur in the training set "
-        "(the overlap is still reported)."
+        False,
+        description="Evaluate even if held-out problems also occur in the training set "
+        "(the overlap is still reported).",
     )
     answer_format: AnswerFormat = Field(
-        "boxed", description="What the final agent's answer is: its last `\\boxed{}`, or its "
-        "last `Answer: ...` line. A response without one is graded wrong."
+        "boxed",
+        description="What the final agent's answer is: its last `\\boxed{}`, or its "
+        "last `Answer: ...` line. A response without one is graded wrong.",
     )
     grade_timeout_s: float = Field(
         5.0, gt=0.0, description="Time limit for one symbolic (sympy) answer comparison."
@@ -158,7 +164,9 @@ class TaskConfig(_Strict):
     @model_validator(mode="after")
     def _check_sampling(self) -> TaskConfig:
         if self.eval_samples > 1 and self.eval_temperature == 0.0:
-            raise ValueError("eval_samples > 1 needs eval_temperature > 0 (greedy samples are identical)")
+            raise ValueError(
+                "eval_samples > 1 needs eval_temperature > 0 (greedy samples are identical)"
+            )
         return self
 
 
@@ -180,7 +188,9 @@ class HttpCoachConfig(_Strict):
         description="`sample`: the score the coach wrote. `expected`: the expected value over "
         "the probabilities of 0-10 at the score position (needs a server with logprobs).",
     )
-    top_logprobs: int = Field(20, ge=1, le=20, description="Alternatives per token in expected mode.")
+    top_logprobs: int = Field(
+        20, ge=1, le=20, description="Alternatives per token in expected mode."
+    )
 
 
 class LocalCoachConfig(_Strict):
@@ -263,14 +273,19 @@ class RLConfig(_Strict):
         None, gt=0.0, description="Clip each action's reward to [-c, c] (null: no clipping)."
     )
     kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k1", description="Per-token KL estimate of pi vs pi_ref: k1 = log ratio (the paper), "
+        "k1",
+        description="Per-token KL estimate of pi vs pi_ref: k1 = log ratio (the paper), "
         "k2 = half squared log ratio, k3 = exp(-log ratio) - 1 + log ratio.",
     )
     kl_beta: float = Field(0.01, ge=0.0, description="KL coefficient (initial value if adaptive).")
     kl_target: float | None = Field(
-        None, gt=0.0, description="Adaptive beta: steer the mean KL toward this value (null: fixed)."
+        None,
+        gt=0.0,
+        description="Adaptive beta: steer the mean KL toward this value (null: fixed).",
     )
-    kl_horizon: int = Field(10_000, ge=1, description="Adaptive beta: tokens over which beta adapts.")
+    kl_horizon: int = Field(
+        10_000, ge=1, description="Adaptive beta: tokens over which beta adapts."
+    )
     kl_in_loss: bool = Field(
         False, description="Put the KL penalty in the loss (GRPO-style) instead of the reward."
     )
@@ -283,7 +298,8 @@ class RLConfig(_Strict):
     clip_eps_low: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip below 1.")
     clip_eps_high: float = Field(0.2, gt=0.0, description="PPO ratio clip above 1.")
     loss_agg: Literal["token_mean", "seq_mean"] = Field(
-        "token_mean", description="Average the loss over all tokens, or per sequence then over sequences."
+        "token_mean",
+        description="Average the loss over all tokens, or per sequence then over sequences.",
     )
     lr: float = Field(1e-4, gt=0.0, description="Adam learning rate (LoRA needs ~1e-5..1e-4).")
     weight_decay: float = Field(0.0, ge=0.0)
@@ -318,11 +334,11 @@ class SandboxConfig(_Strict):
     cpu_time_s: float | None = Field(
         None, gt=0, description="CPU seconds per process per block (null: 2 x timeout_s)."
     )
-    memory_mb: int = Field(
-        2048, ge=64, description="Address space per process, MiB (RLIMIT_AS)."
-    )
+    memory_mb: int = Field(2048, ge=64, description="Address space per process, MiB (RLIMIT_AS).")
     max_processes: int = Field(
-        16, ge=1, description="Processes plus threads one block may have at once (without "
+        16,
+        ge=1,
+        description="Processes plus threads one block may have at once (without "
         "cgroups, one block's memory is bounded only by memory_mb x max_processes).",
     )
     file_size_mb: int = Field(256, ge=1, description="Largest file a block may write, MiB.")

@@ -80,10 +80,15 @@ def checked_heldout(
     """
     tasks = heldout_tasks(cfg.tasks, cfg.seed, source)[:limit]
     if train_tasks is None:
-        train_tasks = load_tasks(cfg.tasks.source, cfg.tasks.num_tasks, cfg.tasks.difficulty, cfg.seed)
+        train_tasks = load_tasks(
+            cfg.tasks.source, cfg.tasks.num_tasks, cfg.tasks.difficulty, cfg.seed
+        )
     pairs = check_disjoint(
-        tasks, train_tasks, cfg.tasks.allow_overlap,
-        source or cfg.tasks.eval_source or "the held-out set", cfg.tasks.source,
+        tasks,
+        train_tasks,
+        cfg.tasks.allow_overlap,
+        source or cfg.tasks.eval_source or "the held-out set",
+        cfg.tasks.source,
     )
     if pairs:
         log.warning("evaluating with %d held-out problem(s) also in training (allowed)", len(pairs))
@@ -115,15 +120,22 @@ def behaviour(
         out[f"response_tokens/{agent.name}"] = _rate([len(a.completion_ids) for a in acts])
         out[f"truncation_rate/{agent.name}"] = _rate([a.truncated for a in acts])
         out[f"format_rate/{agent.name}"] = _rate(
-            [extract_answer(actions[-1].completion_text, cfg.answer_format) is not None
-             for actions in per_episode if actions]
+            [
+                extract_answer(actions[-1].completion_text, cfg.answer_format) is not None
+                for actions in per_episode
+                if actions
+            ]
         )
         if agent.run_code:
             out[f"tool_call_rate/{agent.name}"] = _rate(
                 [any(a.tool_observation is not None for a in actions) for actions in per_episode]
             )
             out[f"exec_error_rate/{agent.name}"] = _rate(
-                [execution_failed(a.tool_observation) for a in acts if a.tool_observation is not None]
+                [
+                    execution_failed(a.tool_observation)
+                    for a in acts
+                    if a.tool_observation is not None
+                ]
             )
     return out
 
@@ -158,19 +170,27 @@ def run_heldout(
     """Run every task ``eval_samples`` times; returns (metrics, episodes, per-task results)."""
     tc = cfg.tasks
     k = tc.eval_samples
-    episodes = runner.run([t for t in tasks for _ in range(k)], step=step, greedy=tc.eval_temperature == 0.0)
+    episodes = runner.run(
+        [t for t in tasks for _ in range(k)], step=step, greedy=tc.eval_temperature == 0.0
+    )
     regrade(episodes, cfg.agents[-1].name, tc)
     per_task = []
     for i, task in enumerate(tasks):
         samples = episodes[i * k : (i + 1) * k]
-        per_task.append({
-            "task_id": task.task_id,
-            "answer": task.answer,
-            "predictions": [e.final_answer for e in samples],
-            "correct": [e.correct for e in samples],
-        })
+        per_task.append(
+            {
+                "task_id": task.task_id,
+                "answer": task.answer,
+                "predictions": [e.final_answer for e in samples],
+                "correct": [e.correct for e in samples],
+            }
+        )
     graded = [r["correct"] for r in per_task if r["answer"] is not None]
-    metrics: dict[str, Any] = {"tasks": len(tasks), "samples": k, "temperature": tc.eval_temperature}
+    metrics: dict[str, Any] = {
+        "tasks": len(tasks),
+        "samples": k,
+        "temperature": tc.eval_temperature,
+    }
     metrics.update(accuracy(graded, k))
     metrics.update(behaviour(episodes, cfg.agents, tc))
     if any(t.dsbench is not None for t in tasks):  # modeling tasks: success, fair metrics, blame
@@ -225,7 +245,9 @@ class TrainingEvaluator:
         every = self.cfg.tasks.eval_every
         return bool(every) and ((step + 1) % every == 0 or step + 1 == self.cfg.train.steps)
 
-    def after_step(self, step: int, episodes: Sequence[Episode], policies: AgentPolicies) -> dict[str, Any]:
+    def after_step(
+        self, step: int, episodes: Sequence[Episode], policies: AgentPolicies
+    ) -> dict[str, Any]:
         """Metrics to add to the step's line in ``metrics.jsonl``."""
         out: dict[str, Any] = dict(behaviour(episodes, self.cfg.agents, self.cfg.tasks))
         if self.due(step):
@@ -236,6 +258,10 @@ class TrainingEvaluator:
             append_episodes(self.run_dir / "heldout_episodes.jsonl", heldout)
             out.update({f"eval/{key}": value for key, value in metrics.items()})
             out["eval_s"] = time.monotonic() - start
-            log.info("step %d held-out accuracy %.3f on %d tasks", step, metrics["accuracy"] or 0.0,
-                     len(self.tasks))
+            log.info(
+                "step %d held-out accuracy %.3f on %d tasks",
+                step,
+                metrics["accuracy"] or 0.0,
+                len(self.tasks),
+            )
         return out

@@ -85,9 +85,14 @@ def _backend(cfg: RunConfig, template: Any, policies: AgentPolicies | None) -> C
     local = cfg.coach.local
     if local.model_path is None:
         if policies is None:
-            raise ValueError("the local coach without coach.local.model_path needs the policy model")
+            raise ValueError(
+                "the local coach without coach.local.model_path needs the policy model"
+            )
         dist = ScoreDistributionModel(
-            policies.model, policies.tokenizer, local.batch_size, activate=lambda: policies.use(None)
+            policies.model,
+            policies.tokenizer,
+            local.batch_size,
+            activate=lambda: policies.use(None),
         )
     else:
         model, tokenizer = load_base(local.model_path, cfg.model.dtype, cfg.model.device)
@@ -95,7 +100,9 @@ def _backend(cfg: RunConfig, template: Any, policies: AgentPolicies | None) -> C
     return LocalCoach(dist, template)
 
 
-def task_batches(tasks: Sequence[Task], per_step: int, samples: int, seed: int) -> Iterator[list[Task]]:
+def task_batches(
+    tasks: Sequence[Task], per_step: int, samples: int, seed: int
+) -> Iterator[list[Task]]:
     """Endless batches: ``per_step`` distinct tasks (reshuffled each epoch), each repeated."""
     rng = random.Random(seed)
     order: list[Task] = []
@@ -124,7 +131,9 @@ def build_runner(cfg: RunConfig, policies: AgentPolicies, workspace_root: Path) 
 
 def load_policies(cfg: RunConfig, adapters_dir: Path | None = None) -> AgentPolicies:
     base, tokenizer = load_base(cfg.model.path, cfg.model.dtype, cfg.model.device)
-    return AgentPolicies(base, tokenizer, [a.name for a in cfg.agents], cfg.model.lora, adapters_dir)
+    return AgentPolicies(
+        base, tokenizer, [a.name for a in cfg.agents], cfg.model.lora, adapters_dir
+    )
 
 
 def step_metrics(step: int, episodes: list[Episode], agents: Sequence[str]) -> dict[str, Any]:
@@ -153,7 +162,9 @@ def _update(
 ) -> dict[str, Any]:
     """Advantages over the whole batch, then one optimizer step per agent."""
     items = [
-        (e, a) for e in episodes for a in e.actions
+        (e, a)
+        for e in episodes
+        for a in e.actions
         if a.coach is not None and not (cfg.coach.exclude_flagged and a.coach.flagged)
     ]
     out: dict[str, Any] = {"kl_beta": kl_ctl.beta, "trained_actions": len(items)}
@@ -162,11 +173,23 @@ def _update(
         return out
     batch = build_batch(items, cfg.rl)
     temperature = cfg.rollout.temperature
-    ref = reference_logprobs(policies, batch.actions, batch.old.shape[1], cfg.rl.micro_batch_size, temperature)
+    ref = reference_logprobs(
+        policies, batch.actions, batch.old.shape[1], cfg.rl.micro_batch_size, temperature
+    )
     advantages, _, kl = compute_advantages(batch, ref, cfg.rl, kl_ctl.beta)
     for name in names:
-        stats = policy_step(policies, name, batch, advantages, ref, optimizers[name], params[name],
-                            cfg.rl, kl_ctl.beta, temperature)
+        stats = policy_step(
+            policies,
+            name,
+            batch,
+            advantages,
+            ref,
+            optimizers[name],
+            params[name],
+            cfg.rl,
+            kl_ctl.beta,
+            temperature,
+        )
         out.update({f"rl/{name}/{k}": v for k, v in asdict(stats).items()})
     out["mean_kl"] = float(masked_mean(kl, batch.valid))
     kl_ctl.update(out["mean_kl"], int(batch.valid.sum()))
@@ -186,9 +209,13 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     run_dir = resolve_run_dir(cfg.run_dir)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    )
     tasks = load_tasks(cfg.tasks.source, cfg.tasks.num_tasks, cfg.tasks.difficulty, cfg.seed)
-    evaluator = TrainingEvaluator(cfg, tasks, run_dir)  # refuses a held-out set overlapping training
+    evaluator = TrainingEvaluator(
+        cfg, tasks, run_dir
+    )  # refuses a held-out set overlapping training
     log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
 
     policies = policies or load_policies(cfg)
@@ -198,9 +225,12 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
     roles = {a.name: a.role for a in cfg.agents}
     params = {n: policies.adapter_parameters(n) for n in names}
     optimizers = {
-        n: torch.optim.Adam(params[n], lr=cfg.rl.lr, weight_decay=cfg.rl.weight_decay) for n in names
+        n: torch.optim.Adam(params[n], lr=cfg.rl.lr, weight_decay=cfg.rl.weight_decay)
+        for n in names
     }
-    batches = task_batches(tasks, cfg.train.prompts_per_step, cfg.train.samples_per_prompt, cfg.seed)
+    batches = task_batches(
+        tasks, cfg.train.prompts_per_step, cfg.train.samples_per_prompt, cfg.seed
+    )
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
 
     for step in tqdm(range(cfg.train.steps), desc="train", unit="step"):
@@ -209,8 +239,13 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
         t_roll = time.monotonic() - t0
         gen_tokens = sum(len(a.completion_ids) for e in episodes for a in e.actions)
         scores = score_episodes(
-            coach, episodes, roles, names[-1], cfg.coach.observation_chars,
-            cfg.coach.show_ground_truth, cfg.rollout.max_new_tokens,
+            coach,
+            episodes,
+            roles,
+            names[-1],
+            cfg.coach.observation_chars,
+            cfg.coach.show_ground_truth,
+            cfg.rollout.max_new_tokens,
         )
         t_coach = time.monotonic() - t0 - t_roll
         append_episodes(run_dir / "episodes.jsonl", episodes)  # before training on them
@@ -239,4 +274,3 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
     policies.save(run_dir / "adapters")
     log.info("adapters saved under %s", run_dir / "adapters")
     return run_dir
-

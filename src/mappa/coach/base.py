@@ -43,7 +43,9 @@ def build_context(
         output=action.completion_text,
         observation=None if obs is None else cut_middle(obs, observation_chars),
         is_final=is_final,
-        ground_truth=(episode.coach_reference or episode.answer) if (is_final and show_ground_truth) else None,
+        ground_truth=(episode.coach_reference or episode.answer)
+        if (is_final and show_ground_truth)
+        else None,
         files=action.workspace_files,
     )
 

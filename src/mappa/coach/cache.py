@@ -57,7 +57,9 @@ class ScoreCache:
 class CachedCoach:
     """Wraps a backend with the cache. ``inner`` may be ``None`` in replay mode."""
 
-    def __init__(self, inner: object | None, cache: ScoreCache, namespace: str, replay: bool = False) -> None:
+    def __init__(
+        self, inner: object | None, cache: ScoreCache, namespace: str, replay: bool = False
+    ) -> None:
         if inner is None and not replay:
             raise ValueError("a cached coach needs a backend unless it only replays")
         self.inner = inner
@@ -85,6 +87,10 @@ class CachedCoach:
             for i, s in zip(misses, fresh, strict=True):
                 out[i] = s
             self.cache.put_many(
-                [(keys[i], s) for i, s in zip(misses, fresh, strict=True) if s.flag_reason != "unavailable"]
+                [
+                    (keys[i], s)
+                    for i, s in zip(misses, fresh, strict=True)
+                    if s.flag_reason != "unavailable"
+                ]
             )
         return out

@@ -34,17 +34,63 @@ class CheckCase:
 
 
 CASES: tuple[CheckCase, ...] = (
-    CheckCase("problem_solver", True, _TASK, "24", "3 boxes x 4 apples = 12 apples bought. 12 + 12 = 24. Ava has 24 apples."),
-    CheckCase("problem_solver", True, _TASK2, "33", "40 - 15 = 25 marbles left, then 25 + 8 = 33. Ben has 33 marbles."),
-    CheckCase("problem_solver", False, _TASK, "24", "Ava has 12 apples and 3 boxes, so 12 + 3 + 4 = 19 apples."),
-    CheckCase("problem_solver", False, _TASK2, "33", "I like marbles. Marbles are small glass balls used in games."),
-    CheckCase("code_executor", True, _TASK, "24", "```python\napples = 12 + 3 * 4\nprint(apples)\n```", "24"),
+    CheckCase(
+        "problem_solver",
+        True,
+        _TASK,
+        "24",
+        "3 boxes x 4 apples = 12 apples bought. 12 + 12 = 24. Ava has 24 apples.",
+    ),
+    CheckCase(
+        "problem_solver",
+        True,
+        _TASK2,
+        "33",
+        "40 - 15 = 25 marbles left, then 25 + 8 = 33. Ben has 33 marbles.",
+    ),
+    CheckCase(
+        "problem_solver",
+        False,
+        _TASK,
+        "24",
+        "Ava has 12 apples and 3 boxes, so 12 + 3 + 4 = 19 apples.",
+    ),
+    CheckCase(
+        "problem_solver",
+        False,
+        _TASK2,
+        "33",
+        "I like marbles. Marbles are small glass balls used in games.",
+    ),
+    CheckCase(
+        "code_executor",
+        True,
+        _TASK,
+        "24",
+        "```python\napples = 12 + 3 * 4\nprint(apples)\n```",
+        "24",
+    ),
     CheckCase("code_executor", True, _TASK2, "33", "```python\nprint(40 - 15 + 8)\n```", "33"),
     CheckCase("code_executor", False, _TASK, "24", "```python\nprint(12 + 3 + 4)\n```", "19"),
-    CheckCase("code_executor", False, _TASK2, "33", "```python\nprint(marbles)\n```",
-              "NameError: name 'marbles' is not defined"),
-    CheckCase("verifier", True, _TASK, "24", "The code printed 24, which matches 12 + 3*4. \\boxed{24}", "24"),
-    CheckCase("verifier", True, _TASK2, "33", "40 - 15 + 8 = 33, confirmed by the code. \\boxed{33}", "33"),
+    CheckCase(
+        "code_executor",
+        False,
+        _TASK2,
+        "33",
+        "```python\nprint(marbles)\n```",
+        "NameError: name 'marbles' is not defined",
+    ),
+    CheckCase(
+        "verifier",
+        True,
+        _TASK,
+        "24",
+        "The code printed 24, which matches 12 + 3*4. \\boxed{24}",
+        "24",
+    ),
+    CheckCase(
+        "verifier", True, _TASK2, "33", "40 - 15 + 8 = 33, confirmed by the code. \\boxed{33}", "33"
+    ),
     CheckCase("verifier", False, _TASK, "24", "The answer is probably 19. \\boxed{19}", "24"),
     CheckCase("verifier", False, _TASK2, "33", "I am not sure what the answer is.", "33"),
 )
@@ -67,19 +113,23 @@ def contexts(roles: Mapping[str, str], final_agent: str = "verifier") -> list[Co
     ]
 
 
-def discrimination(values: Sequence[float], cases: Sequence[CheckCase] = CASES) -> list[dict[str, object]]:
+def discrimination(
+    values: Sequence[float], cases: Sequence[CheckCase] = CASES
+) -> list[dict[str, object]]:
     """Per role: mean good, mean bad, and the fraction of (good, bad) pairs ranked right."""
     rows = []
     for agent in ROLES:
         good = [v for v, c in zip(values, cases, strict=True) if c.agent == agent and c.good]
         bad = [v for v, c in zip(values, cases, strict=True) if c.agent == agent and not c.good]
         pairs = [(g > b) + 0.5 * (g == b) for g in good for b in bad]
-        rows.append({
-            "role": agent,
-            "good": sum(good) / len(good),
-            "bad": sum(bad) / len(bad),
-            "pairs_right": sum(pairs) / len(pairs),
-        })
+        rows.append(
+            {
+                "role": agent,
+                "good": sum(good) / len(good),
+                "bad": sum(bad) / len(bad),
+                "pairs_right": sum(pairs) / len(pairs),
+            }
+        )
     return rows
 
 
@@ -96,5 +146,7 @@ def run_check(coach: CoachBackend, roles: Mapping[str, str]) -> tuple[str, float
         )
     overall = sum(float(r["pairs_right"]) for r in rows) / len(rows)
     verdict = "usable" if overall >= 0.75 and not flagged else "NOT reliable: use a stronger coach"
-    lines.append(f"overall pairs right: {overall:.0%}; flagged replies: {flagged}/{len(scores)} -> {verdict}")
+    lines.append(
+        f"overall pairs right: {overall:.0%}; flagged replies: {flagged}/{len(scores)} -> {verdict}"
+    )
     return "\n".join(lines), overall

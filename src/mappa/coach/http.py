@@ -60,7 +60,9 @@ class HttpCoach:
 
     name = "http"
 
-    def __init__(self, cfg: HttpCoachConfig, template: CoachTemplate, backoff_base_s: float = 1.0) -> None:
+    def __init__(
+        self, cfg: HttpCoachConfig, template: CoachTemplate, backoff_base_s: float = 1.0
+    ) -> None:
         self.cfg = cfg
         self.template = template
         self.backoff_base_s = backoff_base_s
@@ -68,7 +70,9 @@ class HttpCoach:
         if cfg.api_key_env:
             key = os.environ.get(cfg.api_key_env)
             if not key:
-                raise ValueError(f"coach.http.api_key_env names {cfg.api_key_env!r}, which is not set")
+                raise ValueError(
+                    f"coach.http.api_key_env names {cfg.api_key_env!r}, which is not set"
+                )
             self.headers["Authorization"] = f"Bearer {key}"
 
     async def _post(self, client: httpx.AsyncClient, messages: list[dict[str, str]]) -> _Reply:
@@ -123,16 +127,26 @@ class HttpCoach:
             first = replies[0]
             parsed = parse_score(first.text)
             if parsed.process_score is None:
-                fix = [*messages, {"role": "assistant", "content": first.text},
-                       corrective_message(self.template, ctx)]
+                fix = [
+                    *messages,
+                    {"role": "assistant", "content": first.text},
+                    corrective_message(self.template, ctx),
+                ]
                 replies.append(await self._post(client, fix))
                 parsed = parse_score(replies[1].text)
                 if parsed.process_score is None:
                     parsed = parse_score(first.text + "\n" + replies[1].text, lenient=True)
         except CoachUnavailable as err:
-            return Score(NEUTRAL, f"coach unavailable: {err}", None, True, self.name,
-                         time.monotonic() - start, flag_reason="unavailable",
-                         retries=sum(r.retries for r in replies) + self.cfg.max_retries)
+            return Score(
+                NEUTRAL,
+                f"coach unavailable: {err}",
+                None,
+                True,
+                self.name,
+                time.monotonic() - start,
+                flag_reason="unavailable",
+                retries=sum(r.retries for r in replies) + self.cfg.max_retries,
+            )
         value = parsed.process_score
         if self.cfg.score_mode == "expected":
             for reply in reversed(replies):
@@ -160,8 +174,12 @@ class HttpCoach:
         limits = httpx.Limits(max_connections=self.cfg.concurrency)
         timeout = httpx.Timeout(self.cfg.timeout_s)
         sem = asyncio.Semaphore(self.cfg.concurrency)
-        async with httpx.AsyncClient(base_url=self.cfg.base_url.rstrip("/"), headers=self.headers,
-                                     timeout=timeout, limits=limits) as client:
+        async with httpx.AsyncClient(
+            base_url=self.cfg.base_url.rstrip("/"),
+            headers=self.headers,
+            timeout=timeout,
+            limits=limits,
+        ) as client:
             with tqdm(total=len(contexts), desc="coach", leave=False) as bar:
 
                 async def one(ctx: CoachContext) -> Score:

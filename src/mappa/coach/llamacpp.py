@@ -32,7 +32,9 @@ class LlamaCppServer:
     spinning worker threads oversubscribe the cores and decoding slows down ~40x.
     """
 
-    def __init__(self, model: Path, n_ctx: int = 4096, threads: int = 1, startup_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, model: Path, n_ctx: int = 4096, threads: int = 1, startup_timeout_s: float = 120.0
+    ) -> None:
         self.model = model
         self.n_ctx = n_ctx
         self.threads = threads
@@ -44,9 +46,21 @@ class LlamaCppServer:
 
     def start(self) -> LlamaCppServer:
         cmd = [
-            sys.executable, "-m", "llama_cpp.server", "--model", str(self.model),
-            "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-            "--n_threads", str(self.threads), "--model_alias", "coach",
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--n_ctx",
+            str(self.n_ctx),
+            "--n_threads",
+            str(self.threads),
+            "--model_alias",
+            "coach",
         ]
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -79,6 +93,10 @@ class LlamaCppServer:
     def __enter__(self) -> LlamaCppServer:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()

@@ -38,14 +38,25 @@ class LocalCoach:
 
     def score(self, contexts: Sequence[CoachContext]) -> list[Score]:
         start = time.monotonic()
-        probs = self.distribution([render_messages(self.template, c) for c in contexts], SCORE_PREFIX)
+        probs = self.distribution(
+            [render_messages(self.template, c) for c in contexts], SCORE_PREFIX
+        )
         per = (time.monotonic() - start) / max(1, len(contexts))
         scores = []
         for p in probs:
             mass = sum(p)
             if mass < 1e-6:  # the model puts no weight on any score: no signal, say so
-                scores.append(Score(5.0, "no probability on any score token", None, True,
-                                    self.name, per, flag_reason="no_score_mass"))
+                scores.append(
+                    Score(
+                        5.0,
+                        "no probability on any score token",
+                        None,
+                        True,
+                        self.name,
+                        per,
+                        flag_reason="no_score_mass",
+                    )
+                )
                 continue
             expected = sum(s * q for s, q in enumerate(p)) / mass
             top = max(range(len(p)), key=p.__getitem__)

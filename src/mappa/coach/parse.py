@@ -67,19 +67,25 @@ def expected_score_from_logprobs(tokens: list[dict]) -> float | None:
     """
     text, position = "", None
     for i, tok in enumerate(tokens):
-        if _BEFORE_SCORE.search(text.replace("*", "")) and _score_token(tok.get("token", "")) is not None:
+        if (
+            _BEFORE_SCORE.search(text.replace("*", ""))
+            and _score_token(tok.get("token", "")) is not None
+        ):
             position = i
         text += tok.get("token", "")
     if position is None:
         return None
     probs = [0.0] * 11
-    for alt in tokens[position].get("top_logprobs") or [{"token": tokens[position]["token"], "logprob": 0.0}]:
+    for alt in tokens[position].get("top_logprobs") or [
+        {"token": tokens[position]["token"], "logprob": 0.0}
+    ]:
         value = _score_token(alt.get("token", ""))
         if value is not None:
             probs[value] += math.exp(alt["logprob"])
     if _score_token(tokens[position]["token"]) == 1 and position + 1 < len(tokens):
         p_zero = sum(
-            math.exp(a["logprob"]) for a in tokens[position + 1].get("top_logprobs") or []
+            math.exp(a["logprob"])
+            for a in tokens[position + 1].get("top_logprobs") or []
             if a.get("token", "").strip() == "0"
         )
         probs[10] += probs[1] * p_zero

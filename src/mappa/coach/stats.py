@@ -27,7 +27,9 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[rank - 1]
 
 
-def accounting(scores: Sequence[Score], price_prompt: float = 0.0, price_completion: float = 0.0) -> dict[str, float | int | None]:
+def accounting(
+    scores: Sequence[Score], price_prompt: float = 0.0, price_completion: float = 0.0
+) -> dict[str, float | int | None]:
     """Calls, cache hits, retries, failures, flagged, latency p50/p95, tokens, cost (USD).
 
     Prices are per million tokens. Cached scores cost nothing and are not calls.

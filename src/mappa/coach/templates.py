@@ -23,8 +23,18 @@ ALLOWED_FIELDS: dict[str, set[str]] = {
     "final_system": {"output_limit"},
     "reference": {"ground_truth"},
     "user": {
-        "task", "agent", "role", "turn", "agent_input", "output", "observation", "files",
-        "output_limit", "truncated_note", "reference", "task_type",
+        "task",
+        "agent",
+        "role",
+        "turn",
+        "agent_input",
+        "output",
+        "observation",
+        "files",
+        "output_limit",
+        "truncated_note",
+        "reference",
+        "task_type",
     },
     "corrective": {"final_corrective"},
 }
@@ -48,7 +58,9 @@ class CoachTemplate:
     @property
     def digest(self) -> str:
         """Hash of the template text (part of the cache key: editing it invalidates scores)."""
-        text = "\x00".join([self.system, self.final_system, self.reference, self.user, self.corrective])
+        text = "\x00".join(
+            [self.system, self.final_system, self.reference, self.user, self.corrective]
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -106,7 +118,9 @@ def render_messages(template: CoachTemplate, ctx: CoachContext) -> list[dict[str
     if ctx.is_final:
         system += template.final_system.format(output_limit=limit)
     reference = (
-        template.reference.format(ground_truth=ctx.ground_truth) if ctx.ground_truth is not None else ""
+        template.reference.format(ground_truth=ctx.ground_truth)
+        if ctx.ground_truth is not None
+        else ""
     )
     user = template.user.format(
         task=ctx.task,

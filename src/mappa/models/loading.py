@@ -56,9 +56,7 @@ def _sha256(path: Path) -> str:
 def locate_gguf(package: str) -> tuple[Path, GgufPackage]:
     """Find the GGUF of an installed package without importing it (its deps may be absent)."""
     if package not in KNOWN_GGUF_PACKAGES:
-        raise ValueError(
-            f"unknown model package {package!r}; known: {sorted(KNOWN_GGUF_PACKAGES)}"
-        )
+        raise ValueError(f"unknown model package {package!r}; known: {sorted(KNOWN_GGUF_PACKAGES)}")
     spec_info = KNOWN_GGUF_PACKAGES[package]
     spec = importlib.util.find_spec(spec_info.module)
     if spec is None or not spec.submodule_search_locations:

@@ -21,7 +21,9 @@ from mappa.config import LoraConfig as LoraSettings
 from mappa.models.interface import Sample, TokenLogprobs
 
 
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def left_pad(
+    seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-pad token lists: (ids, attention mask, position ids), every row ending at the last column.
 
     Generation, training log-probs and the local coach all use this one layout, so a token's
@@ -144,12 +146,18 @@ class AgentPolicies:
         with self.use(agent):
             for i in range(0, len(prompts), batch_size):
                 out.extend(
-                    self._generate_batch(prompts[i : i + batch_size], max_new_tokens, temperature, greedy)
+                    self._generate_batch(
+                        prompts[i : i + batch_size], max_new_tokens, temperature, greedy
+                    )
                 )
         return out
 
     def _generate_batch(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, greedy: bool
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float,
+        greedy: bool,
     ) -> list[Sample]:
         pad = self.tokenizer.pad_token_id
         ids, mask, positions = left_pad(prompts, pad, self.device)
@@ -162,10 +170,7 @@ class AgentPolicies:
         next_pos = positions[:, -1:] + 1
         for _ in range(max_new_tokens):
             logp = F.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
-            if greedy:
-                tok = logp.argmax(-1)
-            else:
-                tok = torch.multinomial(logp.exp(), 1).squeeze(-1)
+            tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             tokens.append(tok)
             logps.append(logp.gather(-1, tok[:, None]).squeeze(-1))

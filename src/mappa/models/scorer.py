@@ -57,8 +57,11 @@ class ScoreDistributionModel:
         best_one = one[probs[:, one].argmax(-1)]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
         after = self.model(
-            input_ids=best_one[:, None], attention_mask=mask, position_ids=pos[:, -1:] + 1,
-            cache=out.cache, use_cache=True,
+            input_ids=best_one[:, None],
+            attention_mask=mask,
+            position_ids=pos[:, -1:] + 1,
+            cache=out.cache,
+            use_cache=True,
         )
         p_zero = F.softmax(after.logits[:, -1, :].float(), dim=-1)[:, self.zero_ids].sum(-1)
         p10 = digit[:, 1] * p_zero
@@ -70,7 +73,8 @@ class ScoreDistributionModel:
         self, conversations: Sequence[list[dict[str, str]]], prefix: str
     ) -> list[list[float]]:
         prompts = [
-            self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) + prefix
+            self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
+            + prefix
             for c in conversations
         ]
         seqs = [list(self.tokenizer.encode(p, add_special_tokens=False)) for p in prompts]

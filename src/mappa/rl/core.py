@@ -64,7 +64,9 @@ def token_rewards(
     return r.scatter_add(1, last[:, None], rewards[:, None].to(r.dtype))
 
 
-def returns_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+def returns_to_go(
+    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0
+) -> torch.Tensor:
     """G_t = sum_{s >= t} gamma^(s-t) r_s within each row (padding contributes nothing)."""
     r = token_rewards * mask
     out = torch.zeros_like(r)

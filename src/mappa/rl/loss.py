@@ -18,7 +18,9 @@ class LossConfig:
     kl_estimator: str = "k3"
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str, normalizer: float | None) -> torch.Tensor:
+def aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, agg: str, normalizer: float | None
+) -> torch.Tensor:
     """Token mean: sum / N_tokens. Sequence mean: mean of each row's token mean, / N_rows.
 
     ``normalizer`` overrides N (tokens or rows of the *whole* batch) so micro-batch losses add

@@ -78,7 +78,9 @@ def build_batch(items: Sequence[tuple[Episode, Action]], cfg: RLConfig) -> Rollo
     keep = torch.tensor([0.0 if (cfg.mask_truncated and a.truncated) else 1.0 for a in actions])
     outcomes = [None if ep.correct is None else float(ep.correct) for ep, _ in items]
     rewards = [
-        mix_reward(a.coach.value if a.coach else 0.0, o, cfg.w_process, cfg.w_outcome, cfg.reward_clip)
+        mix_reward(
+            a.coach.value if a.coach else 0.0, o, cfg.w_process, cfg.w_outcome, cfg.reward_clip
+        )
         for (_, a), o in zip(items, outcomes, strict=True)
     ]
     scope_key = {
@@ -109,7 +111,11 @@ def _fit(x: torch.Tensor, width: int) -> torch.Tensor:
 
 @torch.no_grad()
 def reference_logprobs(
-    policy: TrainablePolicy, actions: Sequence[Action], width: int, micro_batch: int, temperature: float
+    policy: TrainablePolicy,
+    actions: Sequence[Action],
+    width: int,
+    micro_batch: int,
+    temperature: float,
 ) -> torch.Tensor:
     """Log-probs of every completion under the frozen reference (adapters off)."""
     parts = []
@@ -129,7 +135,9 @@ def compute_advantages(
     kl = kl_estimate(batch.old, ref, cfg.kl_estimator) * batch.valid
     reward_beta = 0.0 if cfg.kl_in_loss else beta
     r = token_rewards(batch.groups.rewards, kl, batch.valid, reward_beta)
-    adv, returns = get_estimator(cfg.advantage)(r, batch.loss_mask, batch.groups, EstimatorConfig(cfg.gamma))
+    adv, returns = get_estimator(cfg.advantage)(
+        r, batch.loss_mask, batch.groups, EstimatorConfig(cfg.gamma)
+    )
     return adv, returns, kl
 
 
@@ -153,10 +161,15 @@ def policy_step(
     n_tokens = int(mask.sum())
     if n_tokens == 0:
         return UpdateStats(len(rows), 0, skipped="every completion truncated (masked)")
-    normalizer = float(n_tokens) if cfg.loss_agg == "token_mean" else float((mask.sum(-1) > 0).sum())
+    normalizer = (
+        float(n_tokens) if cfg.loss_agg == "token_mean" else float((mask.sum(-1) > 0).sum())
+    )
     loss_cfg = LossConfig(
-        cfg.clip_eps_low, cfg.clip_eps_high, cfg.loss_agg,
-        kl_beta_in_loss=beta if cfg.kl_in_loss else 0.0, kl_estimator=cfg.kl_estimator,
+        cfg.clip_eps_low,
+        cfg.clip_eps_high,
+        cfg.loss_agg,
+        kl_beta_in_loss=beta if cfg.kl_in_loss else 0.0,
+        kl_estimator=cfg.kl_estimator,
     )
     width = batch.old.shape[1]
     optimizer.zero_grad(set_to_none=True)
@@ -168,14 +181,22 @@ def policy_step(
             continue
         chunk = [batch.actions[i] for i in idx]
         out = policy.completion_logprobs(
-            agent, [a.prompt_ids for a in chunk], [a.completion_ids for a in chunk],
-            temperature, with_entropy=True,
+            agent,
+            [a.prompt_ids for a in chunk],
+            [a.completion_ids for a in chunk],
+            temperature,
+            with_entropy=True,
         )
         logp = _fit(out.logprobs, width)
         dev = logp.device
         loss, stats = policy_loss(
-            logp, batch.old[idx].to(dev), advantages[idx].to(dev), m.to(dev), loss_cfg,
-            normalizer=normalizer, logp_ref=ref[idx].to(dev),
+            logp,
+            batch.old[idx].to(dev),
+            advantages[idx].to(dev),
+            m.to(dev),
+            loss_cfg,
+            normalizer=normalizer,
+            logp_ref=ref[idx].to(dev),
             entropy=None if out.entropy is None else _fit(out.entropy.detach(), width),
         )
         loss.backward()

@@ -13,6 +13,7 @@ answers each on ``reply_fd`` (persistent: one interpreter per agent per episode)
 Exit status: the code's own, or ``128 + N`` when it died from signal N (as bwrap reports).
 """
 
+import contextlib
 import json
 import linecache
 import os
@@ -90,10 +91,8 @@ def _kill_children():
             continue
         state, ppid = stat[stat.rindex(b")") + 2 :].split()[:2]
         if int(ppid) == me and state != b"Z":
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(int(entry), signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def _become(cfg):
@@ -173,10 +172,8 @@ def _serve(cfg):
         resource.setrlimit(resource.RLIMIT_CPU, (used + cfg["cell_cpu_s"], resource.RLIM_INFINITY))
         status = _run_cell(code, namespace, f"<cell {cell}>")
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         replies.write(json.dumps({"exit_code": status}).encode() + b"\n")
 
 

@@ -41,7 +41,9 @@ class SandboxPool:
     started it (bwrap's ``--die-with-parent``), so call ``close()`` when done.
     """
 
-    def __init__(self, backend: Backend, limits: Limits, size: int = 4, mode: Mode = "stateless") -> None:
+    def __init__(
+        self, backend: Backend, limits: Limits, size: int = 4, mode: Mode = "stateless"
+    ) -> None:
         if size < 1:
             raise ValueError("pool size must be >= 1")
         self.backend = backend
@@ -72,7 +74,9 @@ class SandboxPool:
         with self._sessions_lock:
             session = self._sessions.get(key)
             if session is None:
-                session = self._sessions[key] = self.backend.open_session(job.workspace.path, self.limits)
+                session = self._sessions[key] = self.backend.open_session(
+                    job.workspace.path, self.limits
+                )
         return session.run(code)
 
     def end(self, workspace: Workspace, agent: str | None = None) -> None:

@@ -76,7 +76,11 @@ class LocalSession:
             self._discard()
             self._lost_state = True
             if end == "reply":  # the code wrote something else on the reply channel
-                status, exit_code, message = "error", None, "error: the code broke the interpreter's reply channel"
+                status, exit_code, message = (
+                    "error",
+                    None,
+                    "error: the code broke the interpreter's reply channel",
+                )
             else:
                 status, exit_code, message, limit = classify(end, returncode, stderr, self.limits)
         return ExecutionResult(

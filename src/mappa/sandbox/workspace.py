@@ -73,7 +73,8 @@ class Workspace:
         self.path = path.resolve()
         self.lock = threading.Lock()
         self.files: dict[str, FileRecord] = {
-            name: FileRecord(meta[0], TASK, TASK) for name, meta in sorted(snapshot(self.path).items())
+            name: FileRecord(meta[0], TASK, TASK)
+            for name, meta in sorted(snapshot(self.path).items())
         }
 
     def record(self, files_changed: dict[str, int], author: Author) -> None:

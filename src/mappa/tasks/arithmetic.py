@@ -56,7 +56,10 @@ def _share(rng: random.Random, value: int, item: str) -> tuple[str, int] | None:
     if not parts:
         return None
     k = rng.choice(parts)
-    return f"Then {{who}} shares the {item} equally among {k} friends and keeps one share.", value // k
+    return (
+        f"Then {{who}} shares the {item} equally among {k} friends and keeps one share.",
+        value // k,
+    )
 
 
 _WORD_STEPS: list[Step] = [_add, _sub, _mul, _boxes]
@@ -119,7 +122,9 @@ def generate(n: int, seed: int = 0, difficulty: int = 1) -> list[Task]:
         prompt, answer = _bare(rng) if difficulty == 1 else _word(rng, difficulty)
         if prompt not in seen:
             seen.add(prompt)
-            tasks.append(Task(f"arith-{difficulty}-{len(tasks)}", prompt, str(answer), "arithmetic"))
+            tasks.append(
+                Task(f"arith-{difficulty}-{len(tasks)}", prompt, str(answer), "arithmetic")
+            )
     if len(tasks) < n:
         raise ValueError(f"could not draw {n} distinct level-{difficulty} problems")
     return tasks

@@ -91,14 +91,18 @@ def load_dsbench(source: str, num_tasks: int, seed: int, root: str | None = None
     else:
         from mappa.tasks.dsbench.loader import load_task_list
 
-        listing = Path(source[len(DSBENCH_PREFIX):])
+        listing = Path(source[len(DSBENCH_PREFIX) :])
         specs, problems = load_task_list(listing, Path(root) if root else listing.parent)
         if problems:
-            raise FileNotFoundError(f"{listing}: {len(problems)} task(s) cannot load: " + "; ".join(problems[:5]))
+            raise FileNotFoundError(
+                f"{listing}: {len(problems)} task(s) cannot load: " + "; ".join(problems[:5])
+            )
     return [Task.from_dsbench(s) for s in specs]
 
 
-def load_tasks(source: str, num_tasks: int, difficulty: int, seed: int, dsbench_root: str | None = None) -> list[Task]:
+def load_tasks(
+    source: str, num_tasks: int, difficulty: int, seed: int, dsbench_root: str | None = None
+) -> list[Task]:
     """``arithmetic`` generates tasks; ``dsbench-*`` and ``dsbench:<list>`` are modeling
     tasks; a directory is a Hugging Face dataset saved to disk; anything else is a
     JSON/JSONL task file."""

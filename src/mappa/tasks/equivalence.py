@@ -83,7 +83,9 @@ class _Worker:
             if conn.poll(timeout_s if self._warm else timeout_s + 30.0):
                 self._warm = True
                 return bool(conn.recv())
-            log.warning("answer comparison timed out after %.1fs: %r vs %r", timeout_s, predicted, gold)
+            log.warning(
+                "answer comparison timed out after %.1fs: %r vs %r", timeout_s, predicted, gold
+            )
             self.stop()
             return False
 

@@ -80,7 +80,9 @@ def extract_answer(text: str, answer_format: AnswerFormat = "boxed") -> str | No
 
 
 _UNWRAP = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
-_DROP = re.compile(r"\\left|\\right|\\[,;:! ]|\\displaystyle|~|\\\$|\$|\\%|%|°|\^\s*\{?\\circ\}?|\\circ")
+_DROP = re.compile(
+    r"\\left|\\right|\\[,;:! ]|\\displaystyle|~|\\\$|\$|\\%|%|°|\^\s*\{?\\circ\}?|\\circ"
+)
 _THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _MATH_WORDS = r"(?:pi|sqrt|log|ln|sin|cos|tan|exp|inf)\b"
 _UNITS = re.compile(rf"^(-?[\d.,/]+)\s*(?:(?!{_MATH_WORDS})[a-zA-Z]{{2,}}\.?\s*)+$")

@@ -28,8 +28,11 @@ def judge(task: Task, final_text: str, workspace: Path) -> Outcome:
         from mappa.tasks.dsbench.metrics import score_submission
 
         score = score_submission(workspace / "submission.csv", task.dsbench)
-        metrics = {**score.metrics, **{f"fair_{k}": v for k, v in score.fair().items()},
-                   "success": float(score.success)}
+        metrics = {
+            **score.metrics,
+            **{f"fair_{k}": v for k, v in score.fair().items()},
+            "success": float(score.success),
+        }
         return Outcome(score.success, None, metrics, f"{task.dsbench.task_type}: {score.summary()}")
     if task.answer is None:
         return Outcome(None)

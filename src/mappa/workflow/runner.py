@@ -67,7 +67,9 @@ class PipelineRunner:
             uid_base=sandbox.uid_base,
             sandboxfusion_url=sandbox.sandboxfusion_url,
         )
-        self.sandbox = SandboxPool(backend, sandbox_limits(sandbox), sandbox.pool_size, sandbox.mode)
+        self.sandbox = SandboxPool(
+            backend, sandbox_limits(sandbox), sandbox.pool_size, sandbox.mode
+        )
         self.workspaces: dict[str, Workspace] = {}
         """Episode id -> its shared workspace, with who made which file (for the coach)."""
         self.workspace_root = workspace_root
@@ -86,8 +88,15 @@ class PipelineRunner:
                     shutil.copyfile(source, ws / name)
             self.workspaces[eid] = Workspace(ws)
             episodes.append(
-                Episode(eid, task.task_id, task.prompt, task.answer, step=step,
-                        task_type=task.task_type, workspace=str(ws))
+                Episode(
+                    eid,
+                    task.task_id,
+                    task.prompt,
+                    task.answer,
+                    step=step,
+                    task_type=task.task_type,
+                    workspace=str(ws),
+                )
             )
         fields: list[dict[str, str]] = [{"task": t.prompt} for t in tasks]
         for k, agent in enumerate(tqdm(self.agents, desc=f"rollout step {step}", leave=False)):
@@ -111,12 +120,17 @@ class PipelineRunner:
     def _missing(ws: Workspace, agents: Sequence[AgentConfig]) -> dict[str, list[str]]:
         """Agent -> the files it owes (``produces``) that are not in the workspace."""
         return {
-            a.name: missing for a in agents
+            a.name: missing
+            for a in agents
             if (missing := [f for f in a.produces if f not in ws.files])
         }
 
     def _run_agent(
-        self, agent: AgentConfig, episodes: list[Episode], fields: list[dict[str, str]], greedy: bool
+        self,
+        agent: AgentConfig,
+        episodes: list[Episode],
+        fields: list[dict[str, str]],
+        greedy: bool,
     ) -> None:
         slots = []
         for f in fields:
@@ -158,7 +172,9 @@ class PipelineRunner:
                         truncated=sample.truncated,
                         tool_observation=obs,
                         workspace_files=(
-                            self.workspaces[episodes[i].episode_id].describe() if agent.run_code else None
+                            self.workspaces[episodes[i].episode_id].describe()
+                            if agent.run_code
+                            else None
                         ),
                     )
                 )

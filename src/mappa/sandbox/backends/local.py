@@ -4,6 +4,7 @@ way it ended into a status and a message naming the limit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -70,14 +71,24 @@ class Running:
     _released: bool = field(default=False, repr=False)
 
     def read(
-        self, out: Capture, err: Capture, deadline: float, limits: Limits, reply: bytearray | None = None
+        self,
+        out: Capture,
+        err: Capture,
+        deadline: float,
+        limits: Limits,
+        reply: bytearray | None = None,
     ) -> End:
         """Capture stdout and stderr until the end (or, given ``reply``, the next answer)."""
         assert self.proc.stdout is not None and self.proc.stderr is not None
         streams = {self.proc.stdout.fileno(): out, self.proc.stderr.fileno(): err}
         reply_fd = self.reply_fd if reply is not None else None
         return pump(
-            streams, deadline, limits.max_output_bytes, exit_fd=self.pidfd, reply_fd=reply_fd, reply=reply
+            streams,
+            deadline,
+            limits.max_output_bytes,
+            exit_fd=self.pidfd,
+            reply_fd=reply_fd,
+            reply=reply,
         )
 
     def finish(self, clean: bool) -> int:
@@ -93,10 +104,8 @@ class Running:
     def stop(self) -> None:
         """Kill the sandbox and every process in it, and reap it."""
         if self.proc.returncode is None:  # not reaped: its pid and group id cannot be reused
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, self.stop_signal)
-            except ProcessLookupError:
-                pass
             if self.lease is not None:
                 kill_uid(self.lease.uid)
             self._await_exit(_STOP_GRACE_S)
@@ -291,7 +300,12 @@ def classify(
     calls ``sys.exit(128 + N)``; the two cannot be told apart).
     """
     if end == "deadline":
-        return "timeout", None, f"execution timed out: {limits.describe('wall_time')} exceeded", "wall_time"
+        return (
+            "timeout",
+            None,
+            f"execution timed out: {limits.describe('wall_time')} exceeded",
+            "wall_time",
+        )
     if end == "output_limit":
         return "killed", None, f"killed: {limits.describe('output')} exceeded", "output"
     sig = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0

@@ -91,7 +91,12 @@ class SandboxFusionBackend(Backend):
             data = response.json()
         except (httpx.HTTPError, ValueError) as e:
             return ExecutionResult(
-                "error", None, "", "", time.monotonic() - start, message=f"sandbox server failed: {e}"
+                "error",
+                None,
+                "",
+                "",
+                time.monotonic() - start,
+                message=f"sandbox server failed: {e}",
             )
         archive = (data.get("files") or {}).get(ARCHIVE)
         if archive:
@@ -106,7 +111,10 @@ class SandboxFusionBackend(Backend):
         limit: LimitName | None = None
         if run.get("status") == "TimeLimitExceeded":
             status, exit_code = "timeout", None
-            message, limit = f"execution timed out: {limits.describe('wall_time')} exceeded", "wall_time"
+            message, limit = (
+                f"execution timed out: {limits.describe('wall_time')} exceeded",
+                "wall_time",
+            )
         elif data.get("status") == "SandboxError" or code_rc is None:
             status, exit_code = "error", code_rc
             message = f"sandbox server error: {data.get('message') or run.get('status')}"

@@ -17,7 +17,7 @@ _PREFIX = "./data/DSBench/"
 
 
 def _resolve(path: str, root: Path) -> Path:
-    return root / path[len(_PREFIX):] if path.startswith(_PREFIX) else root / path
+    return root / path[len(_PREFIX) :] if path.startswith(_PREFIX) else root / path
 
 
 def _answers_file(answer_dir: Path) -> Path:
@@ -30,7 +30,9 @@ def _answers_file(answer_dir: Path) -> Path:
     return csvs[0]
 
 
-def load_task_list(path: Path, root: Path, id_column: str = "id") -> tuple[list[DSBenchTask], list[str]]:
+def load_task_list(
+    path: Path, root: Path, id_column: str = "id"
+) -> tuple[list[DSBenchTask], list[str]]:
     """(tasks whose files exist, ``"task_id: reason"`` for each one that could not load)."""
     tasks, problems = [], []
     for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -50,8 +52,15 @@ def load_task_list(path: Path, root: Path, id_column: str = "id") -> tuple[list[
         except (KeyError, ValueError, FileNotFoundError) as err:
             problems.append(f"{task_id}: {err}")
             continue
-        tasks.append(DSBenchTask(
-            task_id=task_id, task_type=meta["data_type"], description=row["prompt"],
-            train_csv=str(train), test_csv=str(test), answers_csv=str(answers), id_column=id_column,
-        ))
+        tasks.append(
+            DSBenchTask(
+                task_id=task_id,
+                task_type=meta["data_type"],
+                description=row["prompt"],
+                train_csv=str(train),
+                test_csv=str(test),
+                answers_csv=str(answers),
+                id_column=id_column,
+            )
+        )
     return tasks, problems

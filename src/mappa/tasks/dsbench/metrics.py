@@ -55,6 +55,7 @@ def _target_column(answers: pd.DataFrame, task: DSBenchTask) -> str:
 
 def _norm_label(values: pd.Series) -> pd.Series:
     """Labels compared as text, so 1, 1.0 and "1" agree and "yes" stays "yes"."""
+
     def one(v: object) -> str:
         if isinstance(v, float) and v.is_integer():
             return str(int(v))
@@ -65,6 +66,7 @@ def _norm_label(values: pd.Series) -> pd.Series:
 
 def score_submission(submission: Path, task: DSBenchTask) -> SubmissionScore:
     """Validate and score ``submission`` for ``task`` (never raises for a bad submission)."""
+
     def fail(reason: str, **counts: int) -> SubmissionScore:
         return SubmissionScore(task.task_type, False, reason, **counts)
 
@@ -79,13 +81,19 @@ def score_submission(submission: Path, task: DSBenchTask) -> SubmissionScore:
     answers = pd.read_csv(task.answers_csv)
     target = _target_column(answers, task)
     if task.id_column not in sub.columns:
-        return fail(f"submission.csv has no {task.id_column!r} column (columns: {list(sub.columns)[:8]})")
+        return fail(
+            f"submission.csv has no {task.id_column!r} column (columns: {list(sub.columns)[:8]})"
+        )
     if sub[task.id_column].duplicated().any():
         return fail("submission.csv repeats some ids")
     sub_ids, ans_ids = set(sub[task.id_column]), set(answers[task.id_column])
     missing, extra = len(ans_ids - sub_ids), len(sub_ids - ans_ids)
     if missing:
-        return fail(f"{missing} of {len(ans_ids)} test ids have no prediction", missing_ids=missing, extra_ids=extra)
+        return fail(
+            f"{missing} of {len(ans_ids)} test ids have no prediction",
+            missing_ids=missing,
+            extra_ids=extra,
+        )
     pred_cols = [c for c in sub.columns if c != task.id_column]
     if not pred_cols:
         return fail("submission.csv has no prediction column")
@@ -117,7 +125,9 @@ def _regression(y: np.ndarray, pred: pd.Series) -> dict[str, float] | None:
     }
 
 
-def _classification(merged: pd.DataFrame, target: str, pred_col: str, extra_cols: list[str]) -> dict[str, float]:
+def _classification(
+    merged: pd.DataFrame, target: str, pred_col: str, extra_cols: list[str]
+) -> dict[str, float]:
     from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
 
     y = _norm_label(merged[target])
@@ -145,8 +155,11 @@ def _classification(merged: pd.DataFrame, target: str, pred_col: str, extra_cols
             if len(labels) == 2:
                 out["roc_auc"] = float(roc_auc_score((y == labels[1]).astype(int), probs[:, 1]))
             else:
-                out["roc_auc"] = float(roc_auc_score(y, probs / probs.sum(1, keepdims=True),
-                                                     multi_class="ovr", labels=labels))
+                out["roc_auc"] = float(
+                    roc_auc_score(
+                        y, probs / probs.sum(1, keepdims=True), multi_class="ovr", labels=labels
+                    )
+                )
     except ValueError:
         pass  # a single class in the answers: AUC undefined, leave it out
     return out

@@ -42,8 +42,12 @@ def dsbench_report(episodes: Sequence[Episode], agents: Sequence[AgentConfig]) -
         for key in fair_keys:
             out[f"{task_type}/{key}"] = mean(e.metrics[key] for e in eps if key in e.metrics)
         ok = [e for e in eps if e.correct]
-        for key in sorted({k for e in ok for k in e.metrics if not k.startswith("fair_") and k != "success"}):
-            out[f"{task_type}/successful/{key}"] = mean(e.metrics[key] for e in ok if key in e.metrics)
+        for key in sorted(
+            {k for e in ok for k in e.metrics if not k.startswith("fair_") and k != "success"}
+        ):
+            out[f"{task_type}/successful/{key}"] = mean(
+                e.metrics[key] for e in ok if key in e.metrics
+            )
     for agent in agents:
         acts = [a for e in episodes for a in e.agent_actions(agent.name)]
         runs = [a.tool_observation for a in acts if a.tool_observation is not None]
@@ -52,8 +56,14 @@ def dsbench_report(episodes: Sequence[Episode], agents: Sequence[AgentConfig]) -
     blame = Counter(c for e in episodes if (c := culprit(e, agents)) is not None)
     out["failed_runs_broken_by"] = dict(blame)
     out["failures"] = [
-        {"episode": e.episode_id, "task": e.task_id, "broken_by": culprit(e, agents),
-         "missing": e.missing_artifacts, "reason": e.coach_reference}
-        for e in episodes if not e.correct
+        {
+            "episode": e.episode_id,
+            "task": e.task_id,
+            "broken_by": culprit(e, agents),
+            "missing": e.missing_artifacts,
+            "reason": e.coach_reference,
+        }
+        for e in episodes
+        if not e.correct
     ]
     return out

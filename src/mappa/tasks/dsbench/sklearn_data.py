@@ -50,13 +50,18 @@ def make_task(folder: Path, name: str, seed: int = 0, test_fraction: float = 0.3
         f"Feature columns: {', '.join(c for c in frame.columns if c not in ('id', 'target'))[:400]}."
     )
     task = DSBenchTask(
-        task_id=f"sklearn-{name}", task_type=task_type, description=description,
-        train_csv=str(folder / "train.csv"), test_csv=str(folder / "test.csv"),
+        task_id=f"sklearn-{name}",
+        task_type=task_type,
+        description=description,
+        train_csv=str(folder / "train.csv"),
+        test_csv=str(folder / "test.csv"),
         answers_csv=str(folder / "test_answer.csv"),
     )
     write_task_json(task, folder)
     return task
 
 
-def generate(root: Path, names: tuple[str, ...] = tuple(DATASETS), seed: int = 0) -> list[DSBenchTask]:
+def generate(
+    root: Path, names: tuple[str, ...] = tuple(DATASETS), seed: int = 0
+) -> list[DSBenchTask]:
     return [make_task(root / name, name, seed) for name in names]

@@ -16,7 +16,10 @@ import pandas as pd
 from mappa.tasks.dsbench.spec import DSBenchTask, TaskType, write_task_json
 
 KINDS = ("binary", "multiclass", "regression")
-_CATEGORIES = {"color": ["red", "green", "blue", "grey"], "region": ["north", "south", "east", "west", "center"]}
+_CATEGORIES = {
+    "color": ["red", "green", "blue", "grey"],
+    "region": ["north", "south", "east", "west", "center"],
+}
 
 
 def _frame(rng: np.random.Generator, n: int, n_numeric: int) -> tuple[pd.DataFrame, np.ndarray]:
@@ -39,8 +42,14 @@ def _frame(rng: np.random.Generator, n: int, n_numeric: int) -> tuple[pd.DataFra
     return frame, latent
 
 
-def make_task(folder: Path, kind: str, seed: int, n_train: int = 400, n_test: int = 150,
-              string_labels: bool = True) -> DSBenchTask:
+def make_task(
+    folder: Path,
+    kind: str,
+    seed: int,
+    n_train: int = 400,
+    n_test: int = 150,
+    string_labels: bool = True,
+) -> DSBenchTask:
     """Write one task into ``folder`` and return its record."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}")
@@ -95,7 +104,9 @@ def make_task(folder: Path, kind: str, seed: int, n_train: int = 400, n_test: in
 def generate(root: Path, per_kind: int = 3, seed: int = 0) -> list[DSBenchTask]:
     """``per_kind`` tasks of each kind under ``root`` (identical for the same seed)."""
     return [
-        make_task(root / f"{kind}-{i}", kind, seed=seed * 1000 + 10 * i + k, string_labels=i % 2 == 0)
+        make_task(
+            root / f"{kind}-{i}", kind, seed=seed * 1000 + 10 * i + k, string_labels=i % 2 == 0
+        )
         for i in range(per_kind)
         for k, kind in enumerate(KINDS)
     ]
