@@ -15,7 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mappa.tasks.math import AnswerFormat
+AnswerFormat = Literal["boxed", "answer_line"]
+"""How the final agent states its answer: its last ``\\boxed{}``, or its last ``Answer:`` line."""
 
 
 class ConfigError(ValueError):

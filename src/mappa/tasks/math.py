@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
+from mappa.config import AnswerFormat
 from mappa.tasks.equivalence import equivalent
 
-AnswerFormat = Literal["boxed", "answer_line"]
 Reference = str | int | float | Fraction
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
