@@ -67,8 +67,8 @@ def _norm_label(values: pd.Series) -> pd.Series:
 def score_submission(submission: Path, task: DSBenchTask) -> SubmissionScore:
     """Validate and score ``submission`` for ``task`` (never raises for a bad submission)."""
 
-    def fail(reason: str, **counts: int) -> SubmissionScore:
-        return SubmissionScore(task.task_type, False, reason, **counts)
+    def fail(reason: str, missing_ids: int = 0, extra_ids: int = 0) -> SubmissionScore:
+        return SubmissionScore(task.task_type, False, reason, missing_ids, extra_ids)
 
     if submission.is_symlink():  # planted by sandboxed code: never follow it on the host
         return fail("submission.csv is a symlink, not a file")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mappa.tasks.dsbench.spec import DSBenchTask, TaskType, write_task_json
+from mappa.tasks.dsbench.spec import DSBenchTask, TaskType, write_task
 
 DATASETS: dict[str, tuple[str, TaskType]] = {
     "breast_cancer": ("load_breast_cancer", "classification"),
@@ -37,28 +37,15 @@ def make_task(folder: Path, name: str, seed: int = 0, test_fraction: float = 0.3
     order = rng.permutation(len(frame))
     n_test = int(len(frame) * test_fraction)
     test, train = frame.iloc[order[:n_test]], frame.iloc[order[n_test:]]
-    folder.mkdir(parents=True, exist_ok=True)
-    train.to_csv(folder / "train.csv", index=False)
-    test.drop(columns=["target"]).to_csv(folder / "test.csv", index=False)
-    test[["id", "target"]].to_csv(folder / "test_answer.csv", index=False)
-    (folder / "test_answer.csv").chmod(0o600)  # the sandbox's unprivileged uid cannot peek
+    features = ", ".join(c for c in frame.columns if c not in ("id", "target"))
     first_line = (bunch.DESCR.strip().splitlines() or [name])[0]
     description = (
         f"## Overview\n{first_line}. Predict `target` for each row of test.csv ({task_type}).\n\n"
         "## Submission format\nid,target — one row per id in test.csv.\n\n"
         f"## Data\ntrain.csv has {len(train)} rows with `target`; test.csv has {len(test)} rows. "
-        f"Feature columns: {', '.join(c for c in frame.columns if c not in ('id', 'target'))[:400]}."
+        f"Feature columns: {features[:400]}."
     )
-    task = DSBenchTask(
-        task_id=f"sklearn-{name}",
-        task_type=task_type,
-        description=description,
-        train_csv=str(folder / "train.csv"),
-        test_csv=str(folder / "test.csv"),
-        answers_csv=str(folder / "test_answer.csv"),
-    )
-    write_task_json(task, folder)
-    return task
+    return write_task(folder, f"sklearn-{name}", task_type, description, train, test)
 
 
 def generate(

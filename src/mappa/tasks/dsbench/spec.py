@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TaskType = Literal["classification", "regression"]
 
@@ -33,6 +36,33 @@ class DSBenchTask:
 
 def write_task_json(task: DSBenchTask, folder: Path) -> None:
     (folder / "task.json").write_text(json.dumps(asdict(task), indent=1))
+
+
+def write_task(
+    folder: Path,
+    task_id: str,
+    task_type: TaskType,
+    description: str,
+    train: pd.DataFrame,
+    test: pd.DataFrame,
+) -> DSBenchTask:
+    """Write a task folder from ``id``/``target`` frames: ``train.csv``, ``test.csv`` without
+    the target, the answers (``id``, ``target``) and ``task.json``; returns its record."""
+    folder.mkdir(parents=True, exist_ok=True)
+    train.to_csv(folder / "train.csv", index=False)
+    test.drop(columns=["target"]).to_csv(folder / "test.csv", index=False)
+    test[["id", "target"]].to_csv(folder / "test_answer.csv", index=False)
+    (folder / "test_answer.csv").chmod(0o600)  # the sandbox's unprivileged uid cannot peek
+    task = DSBenchTask(
+        task_id=task_id,
+        task_type=task_type,
+        description=description,
+        train_csv=str(folder / "train.csv"),
+        test_csv=str(folder / "test.csv"),
+        answers_csv=str(folder / "test_answer.csv"),
+    )
+    write_task_json(task, folder)
+    return task
 
 
 def load_task_dir(folder: Path) -> DSBenchTask:

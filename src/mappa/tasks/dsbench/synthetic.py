@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mappa.tasks.dsbench.spec import DSBenchTask, TaskType, write_task_json
+from mappa.tasks.dsbench.spec import DSBenchTask, TaskType, write_task
 
 KINDS = ("binary", "multiclass", "regression")
 _CATEGORIES = {
@@ -74,11 +74,6 @@ def make_task(
     frame.insert(0, "id", ids)
     frame["target"] = target.values
     train, test = frame.iloc[:n_train], frame.iloc[n_train:]
-    folder.mkdir(parents=True, exist_ok=True)
-    train.to_csv(folder / "train.csv", index=False)
-    test.drop(columns=["target"]).to_csv(folder / "test.csv", index=False)
-    test[["id", "target"]].to_csv(folder / "test_answer.csv", index=False)
-    (folder / "test_answer.csv").chmod(0o600)  # the sandbox's unprivileged uid cannot peek
     description = (
         f"## Overview\nPredict `target` for each row of test.csv ({task_type}, {kind}).\n\n"
         f"## Evaluation\nSubmissions are evaluated by {metric}.\n\n"
@@ -89,16 +84,7 @@ def make_task(
         "- Columns: `id` (row identifier), `num_*` (numeric), `color` and `region` "
         "(categorical); some values are missing."
     )
-    task = DSBenchTask(
-        task_id=f"synthetic-{kind}-{seed}",
-        task_type=task_type,
-        description=description,
-        train_csv=str(folder / "train.csv"),
-        test_csv=str(folder / "test.csv"),
-        answers_csv=str(folder / "test_answer.csv"),
-    )
-    write_task_json(task, folder)
-    return task
+    return write_task(folder, f"synthetic-{kind}-{seed}", task_type, description, train, test)
 
 
 def generate(root: Path, per_kind: int = 3, seed: int = 0) -> list[DSBenchTask]:
