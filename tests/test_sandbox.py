@@ -41,9 +41,10 @@ from mappa.sandbox import (
     extract_code_blocks,
 )
 from mappa.sandbox.backends import process as process_module
-from mappa.sandbox.backends.local import LocalBackend, classify, limit_from_traceback
+from mappa.sandbox.backends.local import LocalBackend
 from mappa.sandbox.capture import Capture
 from mappa.sandbox.execute import cut_middle
+from mappa.sandbox.running import classify, limit_from_traceback
 from mappa.sandbox.session import RESTARTED
 from mappa.tasks import Task
 from mappa.workflow.runner import PipelineRunner, sandbox_limits

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from mappa.sandbox.limits import LimitName
+from mappa.sandbox.workspace import Snapshot, changed_files, snapshot
 
 Status = Literal["ok", "error", "timeout", "killed"]
 """``ok``: exit 0. ``error``: non-zero exit (an exception, or a limit the code saw as an
@@ -54,3 +57,44 @@ class ExecutionResult:
         elif not parts:
             parts.append("[no output]" if self.status == "ok" else f"[exit code {self.exit_code}]")
         return "\n".join(parts)
+
+
+@dataclass
+class RunWatch:
+    """The workspace and the clock as a run begins; ``result`` adds what the run changed in
+    the workspace and how long it took."""
+
+    workdir: Path
+    before: Snapshot
+    start: float
+
+    @classmethod
+    def begin(cls, workdir: Path, start: float | None = None) -> RunWatch:
+        """Create ``workdir`` if needed and take its snapshot; the clock starts now, or at
+        ``start`` when the caller started it earlier (e.g. to set a deadline)."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        before = snapshot(workdir)
+        return cls(workdir, before, time.monotonic() if start is None else start)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def result(
+        self,
+        status: Status,
+        exit_code: int | None,
+        stdout: str,
+        stderr: str,
+        message: str = "",
+        limit: LimitName | None = None,
+    ) -> ExecutionResult:
+        return ExecutionResult(
+            status=status,
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            duration_s=self.elapsed(),
+            files_changed=changed_files(self.before, snapshot(self.workdir)),
+            message=message,
+            limit=limit,
+        )

@@ -16,11 +16,10 @@ import select
 import time
 from typing import TYPE_CHECKING
 
-from mappa.sandbox.backends.local import Running, classify, limit_from_traceback
 from mappa.sandbox.capture import Capture, End
 from mappa.sandbox.limits import LimitName, Limits
-from mappa.sandbox.result import ExecutionResult, Status
-from mappa.sandbox.workspace import changed_files, snapshot
+from mappa.sandbox.result import ExecutionResult, RunWatch, Status
+from mappa.sandbox.running import Running, by_exit_code, classify
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -43,8 +42,7 @@ class LocalSession:
     def run(self, code: str) -> ExecutionResult:
         start = time.monotonic()
         deadline = start + self.limits.wall_time_s
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        before = snapshot(self.workdir)
+        watch = RunWatch.begin(self.workdir, start)
         note = ""
         if self._run is None:
             self._start()
@@ -62,15 +60,10 @@ class LocalSession:
         status: Status
         exit_code: int | None
         limit: LimitName | None = None
-        message = ""
         stderr = err.text(self.limits.max_output_chars)
         answered = _exit_code(reply) if end == "reply" else None
         if answered is not None:
-            exit_code = answered
-            status = "ok" if exit_code == 0 else "error"
-            limit = limit_from_traceback(stderr) if exit_code else None
-            if limit:
-                message = f"error: {self.limits.describe(limit)} reached"
+            status, exit_code, message, limit = by_exit_code(answered, stderr, self.limits)
         else:  # the interpreter ended, or must be ended: its state is lost
             returncode = run.finish(clean=end == "eof")
             self._discard()
@@ -83,16 +76,9 @@ class LocalSession:
                 )
             else:
                 status, exit_code, message, limit = classify(end, returncode, stderr, self.limits)
-        return ExecutionResult(
-            status=status,
-            exit_code=exit_code,
-            stdout=out.text(self.limits.max_output_chars),
-            stderr=stderr,
-            duration_s=time.monotonic() - start,
-            files_changed=changed_files(before, snapshot(self.workdir)),
-            message="; ".join(m for m in (note, message) if m),
-            limit=limit,
-        )
+        stdout = out.text(self.limits.max_output_chars)
+        message = "; ".join(m for m in (note, message) if m)
+        return watch.result(status, exit_code, stdout, stderr, message, limit)
 
     def close(self) -> None:
         """End the interpreter and everything it started."""
@@ -142,7 +128,7 @@ def _send(fd: int, data: bytes, deadline: float) -> bool:
     return True
 
 
-def _exit_code(reply: bytes) -> int | None:
+def _exit_code(reply: bytes | bytearray) -> int | None:
     """The exit code in the interpreter's answer; None if the line is not one of ours."""
     try:
         return int(json.loads(reply.split(b"\n", 1)[0])["exit_code"])

@@ -13,7 +13,6 @@ import base64
 import io
 import posixpath
 import tarfile
-import time
 from pathlib import Path
 
 import httpx
@@ -21,8 +20,7 @@ import httpx
 from mappa.sandbox.backends.base import Backend
 from mappa.sandbox.capture import Capture
 from mappa.sandbox.limits import LimitName, Limits, MiB
-from mappa.sandbox.result import ExecutionResult, Status
-from mappa.sandbox.workspace import changed_files, snapshot
+from mappa.sandbox.result import ExecutionResult, RunWatch, Status
 
 ARCHIVE = ".mappa-changed.tar"
 
@@ -70,16 +68,15 @@ class SandboxFusionBackend(Backend):
 
     def execute(self, code: str, workdir: Path, limits: Limits) -> ExecutionResult:
         workdir = Path(workdir).resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
-        before = snapshot(workdir)
-        start = time.monotonic()
+        watch = RunWatch.begin(workdir)
         request = {
             "code": _WRAPPER.format(archive=ARCHIVE, code=code),
             "language": "python",
             "run_timeout": limits.wall_time_s,
             "memory_limit_MB": max(1, limits.memory_bytes // MiB),
             "files": {
-                name: base64.b64encode((workdir / name).read_bytes()).decode() for name in before
+                name: base64.b64encode((workdir / name).read_bytes()).decode()
+                for name in watch.before
             },
             "fetch_files": [ARCHIVE],
         }
@@ -95,7 +92,7 @@ class SandboxFusionBackend(Backend):
                 None,
                 "",
                 "",
-                time.monotonic() - start,
+                watch.elapsed(),
                 message=f"sandbox server failed: {e}",
             )
         archive = (data.get("files") or {}).get(ARCHIVE)
@@ -123,16 +120,8 @@ class SandboxFusionBackend(Backend):
             message = f"killed (exit code {code_rc})"
         else:
             status, exit_code = ("ok" if code_rc == 0 else "error"), code_rc
-        return ExecutionResult(
-            status=status,
-            exit_code=exit_code,
-            stdout=out.text(limits.max_output_chars),
-            stderr=err.text(limits.max_output_chars),
-            duration_s=time.monotonic() - start,
-            files_changed=changed_files(before, snapshot(workdir)),
-            message=message,
-            limit=limit,
-        )
+        stdout, stderr = out.text(limits.max_output_chars), err.text(limits.max_output_chars)
+        return watch.result(status, exit_code, stdout, stderr, message, limit)
 
 
 def _unpack(data: bytes, workdir: Path) -> None:
