@@ -83,8 +83,10 @@ def main() -> None:
         print(f"bwrap skipped: {problem}")
     process = ProcessBackend(args.python)
     backends.append(process)
+    pool_header = f"pool({args.pool})/s"
     print(
-        f"{'backend':>8} {'runs as':>14} {'sequential/s':>13} {f'pool({args.pool})/s':>12} {'persistent/s':>13}"
+        f"{'backend':>8} {'runs as':>14} {'sequential/s':>13} {pool_header:>12}"
+        f" {'persistent/s':>13}"
     )
     with tempfile.TemporaryDirectory(prefix="mappa-bench-") as tmp:
         for backend in backends:

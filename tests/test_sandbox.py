@@ -56,7 +56,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::mappa.sandbox.SandboxIsolationW
 
 
 def test_extract_code_blocks() -> None:
-    text = "a\n```python\nprint(1)\n```\nb\n```py\nx = 2\n```\n```\nnot python\n```\n```python\nprint(3)"
+    text = (
+        "a\n```python\nprint(1)\n```\nb\n```py\nx = 2\n```\n"
+        "```\nnot python\n```\n```python\nprint(3)"
+    )
     assert extract_code_blocks(text) == ["print(1)", "x = 2", "print(3)"]
     assert extract_code_blocks("no code") == []
 
@@ -184,7 +187,8 @@ def test_file_handoff_between_agents_with_provenance(backend: LocalBackend, tmp_
                     0,
                     [
                         "import pickle\nrows = open('train.csv').read().split()[1:]\n"
-                        "pickle.dump([int(v) for r in rows for v in r.split(',')], open('X_train.pkl', 'wb'))\n"
+                        "pickle.dump([int(v) for r in rows for v in r.split(',')],"
+                        " open('X_train.pkl', 'wb'))\n"
                         "print('saved')"
                     ],
                 )
@@ -302,7 +306,8 @@ def test_persistent_interpreter_keeps_state_with_same_isolation(
                     "analyst",
                     0,
                     [
-                        "import os\ncounter = 1\nopen('notes.txt', 'w').write('a')\nprint(os.environ.get('OPENAI_API_KEY'))",
+                        "import os\ncounter = 1\nopen('notes.txt', 'w').write('a')\n"
+                        "print(os.environ.get('OPENAI_API_KEY'))",
                         "counter += 1\nprint(counter)",
                     ],
                 )
@@ -336,7 +341,9 @@ def test_persistent_interpreter_keeps_state_with_same_isolation(
 def test_closing_a_session_kills_what_it_started(backend: LocalBackend, tmp_path: Path) -> None:
     session = backend.open_session(tmp_path, Limits(wall_time_s=5))
     started = session.run(
-        "import subprocess\np = subprocess.Popen(['sh', '-c', 'sleep 0.3; echo late > late.txt'])\nprint('started')"
+        "import subprocess\n"
+        "p = subprocess.Popen(['sh', '-c', 'sleep 0.3; echo late > late.txt'])\n"
+        "print('started')"
     )
     assert started.stdout.strip() == "started"
     session.close()
@@ -392,7 +399,8 @@ def test_runner_shares_the_episode_workspace_and_records_who_made_what(tmp_path:
     policy = _ScriptPolicy(
         {
             "engineer": [
-                "```python\nimport pickle\npickle.dump([1, 2], open('X.pkl', 'wb'))\nprint('ok')\n```",
+                "```python\nimport pickle\npickle.dump([1, 2], open('X.pkl', 'wb'))\n"
+                "print('ok')\n```",
                 "done",
             ],
             "modeler": [

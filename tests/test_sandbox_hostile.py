@@ -135,7 +135,10 @@ def test_allocating_8_gb_fails_with_memory_limit(backend: LocalBackend, ws: Path
 
 
 def test_writing_1_gb_file_stops_at_file_size_limit(backend: LocalBackend, ws: Path) -> None:
-    code = "with open('big.bin', 'wb') as f:\n    for _ in range(1024):\n        f.write(bytes(1 << 20))"
+    code = (
+        "with open('big.bin', 'wb') as f:\n    for _ in range(1024):\n"
+        "        f.write(bytes(1 << 20))"
+    )
     result = run(backend, code, ws)
     assert (result.status, result.limit) == ("error", "file_size")
     assert "file size limit of 16 MiB" in result.observation()
@@ -144,7 +147,10 @@ def test_writing_1_gb_file_stops_at_file_size_limit(backend: LocalBackend, ws: P
 
 
 def test_printing_100_mb_is_stopped_and_cut(backend: LocalBackend, ws: Path) -> None:
-    code = "import sys\nline = 'x' * 999_999 + '\\n'\nsys.stdout.write('START\\n')\nfor _ in range(100):\n    sys.stdout.write(line)"
+    code = (
+        "import sys\nline = 'x' * 999_999 + '\\n'\nsys.stdout.write('START\\n')\n"
+        "for _ in range(100):\n    sys.stdout.write(line)"
+    )
     result = run(backend, code, ws)
     assert (result.status, result.limit) == ("killed", "output")
     assert result.stdout.startswith("START") and "chars cut" in result.stdout
@@ -173,7 +179,8 @@ def test_writes_outside_the_workspace_fail(backend: LocalBackend, ws: Path) -> N
     outside_abs = ws.parent / "absolute_outside.txt"
     code = (
         "import os\n"
-        f"for path in ['../outside.txt', {str(outside_abs)!r}, '/etc/mappa-sandbox-test', '/usr/mappa-test']:\n"
+        f"for path in ['../outside.txt', {str(outside_abs)!r},"
+        " '/etc/mappa-sandbox-test', '/usr/mappa-test']:\n"
         "    try:\n        open(path, 'w').write('escaped')\n        print('WROTE', path)\n"
         "    except OSError as e:\n        print('denied', path, type(e).__name__)"
     )
@@ -194,7 +201,8 @@ def test_socket_to_localhost_fails(backend: LocalBackend, ws: Path) -> None:
         code = (
             "import socket\ntry:\n"
             f"    socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'hi')\n"
-            "    print('CONNECTED')\nexcept OSError as e:\n    print('no network:', type(e).__name__)"
+            "    print('CONNECTED')\nexcept OSError as e:\n"
+            "    print('no network:', type(e).__name__)"
         )
         result = run(backend, code, ws)
         assert "no network" in result.stdout and "CONNECTED" not in result.stdout

@@ -76,9 +76,9 @@ def pump(
     try:
         for fd in streams:
             selector.register(fd, selectors.EVENT_READ)
-        for fd in (exit_fd, reply_fd):
-            if fd is not None:
-                selector.register(fd, selectors.EVENT_READ)
+        for extra_fd in (exit_fd, reply_fd):
+            if extra_fd is not None:
+                selector.register(extra_fd, selectors.EVENT_READ)
         open_streams = set(streams)
         exited_at: float | None = None
         while open_streams:

@@ -62,7 +62,8 @@ class ProcessBackend(LocalBackend):
     def weaknesses(self) -> list[str]:
         """What this backend does not prevent here, for the warning and the docs."""
         out = [
-            "the code can read every file its uid can read and write world-writable places such as /tmp",
+            "the code can read every file its uid can read"
+            " and write world-writable places such as /tmp",
             "the code can use the network",
         ]
         if host_is_root() and not self.runs_as_sandbox_uid():
@@ -83,7 +84,8 @@ def _warn_once(backend: ProcessBackend) -> None:
     warnings.warn(
         "mappa.sandbox: agents' code runs with the 'process' backend, NOT isolated: "
         + "; ".join(backend.weaknesses())
-        + ". Install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) for sandbox.backend=bwrap.",
+        + ". Install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
+        " for sandbox.backend=bwrap.",
         SandboxIsolationWarning,
         stacklevel=3,
     )
