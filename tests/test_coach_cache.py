@@ -12,7 +12,8 @@ from mappa.coach.cache import CachedCoach, CoachCacheMiss, ScoreCache
 from mappa.coach.context import CoachContext
 from mappa.coach.stats import accounting, bias, point_biserial
 from mappa.coach.templates import TemplateError, load_template, render_messages
-from mappa.config import ConfigError, load_config
+from mappa.config import load_config
+from mappa.factory import check
 from mappa.workflow.records import Action, Episode, Score
 
 
@@ -99,8 +100,8 @@ def test_user_template_with_unknown_placeholder_fails_at_config_load(tmp_path: P
     bad.write_text("system: judge\nuser: 'Task {task} by {agent_name}'\n")
     with pytest.raises(TemplateError, match="agent_name"):
         load_template(str(bad))
-    with pytest.raises(ConfigError, match=r"coach: .*agent_name"):
-        load_config(default_config(), [f"coach.template={bad}"])
+    with pytest.raises(TemplateError, match="agent_name"):  # before any model loads
+        check(load_config(default_config(), [f"coach.template={bad}"]))
     good = tmp_path / "ok.yaml"
     good.write_text("system: judge\nuser: 'Task {task}, output {output}'\n")
     assert load_config(default_config(), [f"coach.template={good}"]).coach.template == str(good)

@@ -69,9 +69,8 @@ def test_overrides_are_typed_and_validated() -> None:
 
 
 def test_cli_bad_config_exits_nonzero_without_loading_a_model(tmp_path: Path) -> None:
-    path = _write(
-        tmp_path, default_config().read_text().replace("max_actions: 2", "max_actionz: 2")
-    )
+    text = default_config().read_text()
+    path = _write(tmp_path, text.replace("  code_executor:\n", "  code_executor:\n    max_actionz: 2\n"))
     code = (
         "import sys\n"
         "from mappa.cli import main\n"
@@ -90,3 +89,38 @@ def test_cli_bad_config_exits_nonzero_without_loading_a_model(tmp_path: Path) ->
 def test_missing_file() -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config("/nonexistent/run.yaml")
+
+
+def test_preset_supplies_the_pipeline_and_a_config_overrides_only_what_differs(
+    tmp_path: Path,
+) -> None:
+    bare = load_config(_write(tmp_path, "workflow: {preset: dsbench}\n"))
+    assert [a.name for a in bare.agents] == ["data_engineer", "modeler", "analyst"]
+    assert bare.coach.template == "dsbench" and bare.agents[0].produces
+    assert "Fix any error" in bare.workflow.tool_turn_template
+    paper = load_config(REPO / "configs" / "mathchat_paper.yaml")
+    assert load_config(_write(tmp_path, "{}")).agents == paper.agents  # mathchat by default
+
+    changed = load_config(
+        _write(tmp_path, "agents: {modeler: {max_actions: 4}}\nworkflow: {preset: dsbench}\n"),
+        ["agents.analyst.run_code=false", "coach.template=mathchat"],
+    )
+    assert [a.max_actions for a in changed.agents] == [2, 4, 2]
+    assert [a.run_code for a in changed.agents] == [True, True, False]
+    assert changed.agents[1].role == bare.agents[1].role and changed.coach.template == "mathchat"
+
+
+def test_preset_errors_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"\['modeller'\] not in the preset's agents"):
+        load_config(_write(tmp_path, "workflow: {preset: dsbench}\nagents: {modeller: {}}\n"))
+    with pytest.raises(ConfigError, match=r"no such preset \['dsbench', 'mathchat'\]"):
+        load_config(_write(tmp_path, "workflow: {preset: mathchatt}\n"))
+    with pytest.raises(ConfigError, match=r"agents: Field required"):
+        load_config(_write(tmp_path, "workflow: {preset: null}\n"))
+    with pytest.raises(ConfigError, match=r"no list index or name 'nobody'"):
+        load_config(default_config(), ["agents.nobody.max_actions=2"])
+
+
+def test_agents_and_coach_see_separate_tool_output_budgets() -> None:
+    cfg = load_config(default_config(), ["workflow.observation_chars=300"])
+    assert (cfg.workflow.observation_chars, cfg.coach.observation_chars) == (300, 2000)

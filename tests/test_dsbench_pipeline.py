@@ -7,17 +7,18 @@ submission scoring and failure blame without depending on what a small model wri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from mappa.config import load_config
-from mappa.models.interface import Sample
-from mappa.tasks.base import Task
-from mappa.tasks.dsbench.report import dsbench_report
+from fakes import FakeScriptedPolicy
+from mappa.config import AgentConfig, load_config
+from mappa.factory import runner_for
+from mappa.report.dsbench import dsbench_report
+from mappa.tasks import Task
 from mappa.tasks.dsbench.synthetic import generate
 from mappa.workflow.chat import ChatFormat
+from mappa.workflow.interface import RolloutInput
 from mappa.workflow.runner import PipelineRunner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,45 +53,16 @@ print("wrote", len(test))
 ```"""
 
 
-class FakeScriptedPolicy:
-    """Fake policy: a fixed message per agent and action, encoded with the real tokenizer."""
-
-    def __init__(self, chat: ChatFormat, eos_id: int, scripts: dict[str, list[str]]) -> None:
-        self.chat, self.eos_id, self.scripts = chat, eos_id, scripts
-        self.calls: dict[str, int] = {}
-
-    def generate(
-        self,
-        agent: str | None,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        batch_size: int = 8,
-        greedy: bool = False,
-    ) -> list[Sample]:
-        assert agent is not None
-        n = self.calls.get(agent, 0)
-        self.calls[agent] = n + 1
-        ids = self.chat.encode(self.scripts[agent][n]) + [self.eos_id]
-        return [Sample(list(p), list(ids), [-0.1] * len(ids), False) for p in prompts]
-
-
 def _runner(
     tmp_path: Path, tokenizer, scripts: dict[str, list[str]]
-) -> tuple[PipelineRunner, list]:  # type: ignore[no-untyped-def]
-    cfg = load_config(REPO / "configs" / "dsbench_cpu.yaml", ["sandbox.timeout_s=60"])
-    chat = ChatFormat(tokenizer)
-    policy = FakeScriptedPolicy(chat, tokenizer.eos_token_id, scripts)
-    runner = PipelineRunner(
-        policy,
-        chat,
-        cfg.agents,
-        cfg.workflow,
-        cfg.rollout.model_copy(update={"max_prompt_tokens": 100_000}),
-        cfg.sandbox,
-        tmp_path / "ws",
+) -> tuple[PipelineRunner, list[AgentConfig]]:  # type: ignore[no-untyped-def]
+    cfg = load_config(
+        REPO / "configs" / "dsbench_cpu.yaml",
+        ["sandbox.timeout_s=60", "rollout.max_prompt_tokens=100000"],
     )
-    return runner, cfg.agents
+    chat = ChatFormat(tokenizer)
+    policy = FakeScriptedPolicy(chat.encode, scripts, [tokenizer.eos_token_id], logprob=-0.1)
+    return runner_for(cfg, policy, chat, tmp_path / "ws"), cfg.agents
 
 
 def _tasks(tmp_path: Path) -> list[Task]:
@@ -116,7 +88,7 @@ def test_scripted_good_team_solves_every_generated_task(tmp_path: Path, tokenize
         },
     )
     tasks = _tasks(tmp_path)
-    episodes = runner.run(tasks)
+    episodes = runner.run(RolloutInput(tasks)).episodes
     for ep in episodes:
         assert ep.correct, (
             ep.task_id,
@@ -144,7 +116,7 @@ def test_forgetful_data_engineer_is_blamed(tmp_path: Path, tokenizer) -> None:  
             "analyst": [ANALYST, done],
         },
     )
-    episodes = runner.run(_tasks(tmp_path)[:2])
+    episodes = runner.run(RolloutInput(_tasks(tmp_path)[:2])).episodes
     for ep in episodes:
         assert not ep.correct and ep.missing_artifacts["data_engineer"] == ["X_test.pkl"]
         analyst = ep.agent_actions("analyst")[0]

@@ -11,18 +11,25 @@ import yaml
 from conftest import tiny_run_config
 
 from mappa.cli import main
-from mappa.evaluation import accuracy, behaviour, execution_failed
 from mappa.jsonl import read_jsonl
+from mappa.report.metrics import accuracy, agent_metrics
+from mappa.sandbox import ExecutionResult
 from mappa.train import train
-from mappa.workflow.records import Action, Episode, read_episodes
+from mappa.workflow.records import Action, Episode, ToolStatus, read_episodes
+from mappa.workflow.runner import tool_status
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
 
 
 def _action(
-    agent: str, text: str, obs: str | None = None, n: int = 4, truncated: bool = False
+    agent: str,
+    text: str,
+    status: ToolStatus | None = None,
+    n: int = 4,
+    truncated: bool = False,
 ) -> Action:
-    return Action("e", agent, 0, [1], [7] * n, [0.0] * n, "", text, truncated, obs)
+    obs = None if status is None else f"(a run that ended {status})"
+    return Action("e", agent, 0, [1], [7] * n, [0.0] * n, "", text, truncated, obs, status)
 
 
 def _episode(*actions: Action) -> Episode:
@@ -34,12 +41,8 @@ def test_behaviour_metrics_per_agent(tiny_model_dir: Path, tmp_path: Path) -> No
     episodes = [
         _episode(
             _action("problem_solver", "it is 5", n=10),
-            _action("code_executor", "```python\nprint(5)\n```", "5"),
-            _action(
-                "code_executor",
-                "```python\n1/0\n```",
-                "Traceback (most recent call last):\nZeroDivisionError: division by zero",
-            ),
+            _action("code_executor", "```python\nprint(5)\n```", "ok"),
+            _action("code_executor", "```python\n1/0\n```", "error"),
             _action("verifier", r"\boxed{5}"),
         ),
         _episode(
@@ -48,30 +51,35 @@ def test_behaviour_metrics_per_agent(tiny_model_dir: Path, tmp_path: Path) -> No
             _action("verifier", "5"),
         ),
     ]
-    m = behaviour(episodes, cfg.agents, cfg.tasks)
+    m = agent_metrics(episodes, cfg.agents, cfg.tasks.answer_format)
     assert m["tool_call_rate/code_executor"] == 0.5  # one of two episodes ran code
     assert m["exec_error_rate/code_executor"] == 0.5  # one of its two runs failed
     assert m["response_tokens/problem_solver"] == 15 and m["truncation_rate/problem_solver"] == 0.5
     assert m["format_rate/verifier"] == 0.5 and m["format_rate/problem_solver"] == 0.0
     assert "tool_call_rate/verifier" not in m  # only agents that run code have one
+    assert m["actions/code_executor"] == 3 and "coach/verifier" not in m  # nothing scored
     assert accuracy([], 1) == {"graded": 0, "accuracy": None, "avg@1": None, "pass@1": None}
 
 
+def _result(status: str, limit: str | None = None) -> ExecutionResult:
+    return ExecutionResult(status, 0, "", "", 0.1, limit=limit)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
-    ("observation", "failed"),
+    ("results", "expected"),
     [
-        ("42", False),
-        ("[no output]", False),
-        ("[1, 2, 3]", False),
-        ("Error rate is 3%", False),
-        ("ValueError: bad", True),
-        ("[exit code 3]", True),
-        ("[execution timed out]", True),
-        ("x\n[killed: memory limit of 512 MiB]", True),
+        ([_result("ok"), _result("ok")], "ok"),
+        ([_result("ok"), _result("error")], "error"),
+        ([_result("error", "memory"), _result("timeout", "wall_time")], "limit"),
+        ([_result("timeout", "wall_time")], "timeout"),
+        ([_result("killed", "output")], "limit"),
+        ([_result("killed")], "error"),  # a crash (segfault) names no limit
     ],
 )
-def test_failed_runs_are_read_from_the_observation(observation: str, failed: bool) -> None:
-    assert execution_failed(observation) is failed
+def test_tool_status_comes_from_the_sandbox_result(
+    results: list[ExecutionResult], expected: str
+) -> None:
+    assert tool_status(results) == expected
 
 
 def _config_file(cfg, path: Path) -> Path:  # noqa: ANN001 - a RunConfig
@@ -84,9 +92,9 @@ def test_mappa_eval_writes_eval_json_with_all_metrics(
 ) -> None:
     config = _config_file(tiny_run_config(tiny_model_dir, tmp_path / "run"), tmp_path / "c.yaml")
     out = tmp_path / "eval"
-    args = ["eval", "--config", str(config), "--out", str(out), "tasks.eval_num_tasks=3"]
+    args = ["eval", "--config", str(config), "--out", str(out), "eval.num_tasks=3"]
     assert main([*args, "--samples", "2"]) == 2  # k > 1 needs a temperature
-    assert "eval_temperature" in capsys.readouterr().err
+    assert "temperature > 0" in capsys.readouterr().err
 
     assert main([*args, "--samples", "2", "--temperature", "1.0"]) == 0
     result = json.loads((out / "eval.json").read_text())
@@ -155,8 +163,8 @@ def test_training_logs_held_out_metrics_every_eval_every_steps(
         tiny_model_dir,
         tmp_path / "run",
         "train.steps=3",
-        "tasks.eval_every=2",
-        "tasks.eval_num_tasks=2",
+        "eval.every=2",
+        "eval.num_tasks=2",
     )
     run_dir = train(cfg)
     metrics = read_jsonl(run_dir / "metrics.jsonl")

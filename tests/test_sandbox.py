@@ -23,9 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import process_backend
+from fakes import FakeCharChat, FakeScriptedPolicy
 
-from mappa.config import AgentConfig, RolloutConfig, SandboxConfig, WorkflowConfig, load_config
-from mappa.models.interface import Sample
+from mappa.config import AgentConfig, RunConfig, SandboxConfig, load_config
+from mappa.factory import runner_for, sandbox_limits
 from mappa.sandbox import (
     Author,
     BwrapBackend,
@@ -47,7 +48,7 @@ from mappa.sandbox.execute import cut_middle
 from mappa.sandbox.running import classify, limit_from_traceback
 from mappa.sandbox.session import RESTARTED
 from mappa.tasks import Task
-from mappa.workflow.runner import PipelineRunner, sandbox_limits
+from mappa.workflow.interface import RolloutInput
 
 pytestmark = pytest.mark.filterwarnings("ignore::mappa.sandbox.SandboxIsolationWarning")
 
@@ -354,39 +355,6 @@ def test_closing_a_session_kills_what_it_started(backend: LocalBackend, tmp_path
 # --- the runner wires it together -------------------------------------------------------
 
 
-class _CharChat:
-    """A chat format over code points: enough for the runner's sandbox wiring."""
-
-    def first_prompt(self, role: str, text: str) -> list[int]:
-        return [ord(c) for c in f"{role}\n{text}\n"]
-
-    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
-        return "".join(map(chr, ids))
-
-    def tool_turn(self, text: str, completion_ended_with_stop: bool = True) -> list[int]:
-        return [ord(c) for c in f"\n{text}\n"]
-
-
-class _ScriptPolicy:
-    def __init__(self, scripts: dict[str, list[str]]) -> None:
-        self.scripts, self.calls = scripts, {name: 0 for name in scripts}
-
-    def generate(
-        self,
-        agent: str | None,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        batch_size: int = 8,
-        greedy: bool = False,
-    ) -> list[Sample]:
-        assert agent is not None
-        text = self.scripts[agent][self.calls[agent]]
-        self.calls[agent] += 1
-        ids = [ord(c) for c in text]
-        return [Sample(list(p), ids, [0.0] * len(ids), False) for p in prompts]
-
-
 def test_runner_shares_the_episode_workspace_and_records_who_made_what(tmp_path: Path) -> None:
     agents = [
         AgentConfig(
@@ -396,7 +364,9 @@ def test_runner_shares_the_episode_workspace_and_records_who_made_what(tmp_path:
             name="modeler", role="M", input_template="{task}", max_actions=2, run_code=True
         ),
     ]
-    policy = _ScriptPolicy(
+    chat = FakeCharChat()
+    policy = FakeScriptedPolicy(
+        chat.encode,
         {
             "engineer": [
                 "```python\nimport pickle\npickle.dump([1, 2], open('X.pkl', 'wb'))\n"
@@ -407,25 +377,20 @@ def test_runner_shares_the_episode_workspace_and_records_who_made_what(tmp_path:
                 "```python\nimport pickle\nprint(sum(pickle.load(open('X.pkl', 'rb'))))\n```",
                 "done",
             ],
-        }
+        },
     )
-    runner = PipelineRunner(
-        policy,
-        _CharChat(),
-        agents,
-        WorkflowConfig(),
-        RolloutConfig(max_prompt_tokens=100_000),  # type: ignore[arg-type]
-        SandboxConfig(pool_size=2),
-        tmp_path / "workspaces",
-    )
-    episodes = runner.run([Task("t0", "task", None), Task("t1", "task", None)])
+    cfg = RunConfig(agents=agents, sandbox=SandboxConfig(pool_size=2))
+    runner = runner_for(cfg, policy, chat, tmp_path / "workspaces")  # type: ignore[arg-type]
+    tasks = [Task("t0", "task", None), Task("t1", "task", None)]
+    episodes = runner.run(RolloutInput(tasks)).episodes
     for ep in episodes:
         assert ep.agent_actions("engineer")[0].tool_observation == "ok"
         assert ep.agent_actions("modeler")[0].tool_observation == "3"
+        assert [a.tool_status for a in ep.actions] == ["ok", None, "ok", None]
         ws = runner.workspaces[ep.episode_id]
         assert ws.path == Path(ep.workspace or "").resolve()
         assert ws.files["X.pkl"].created_by == Author("engineer", 0)
-    runner.sandbox.close()
+    runner.close()
 
 
 # --- SandboxFusion -----------------------------------------------------------------------

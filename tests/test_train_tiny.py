@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 
 from mappa.jsonl import read_jsonl
 from mappa.models.loading import load_base
-from mappa.train import load_policies, train
+from mappa.factory import load_policies
+from mappa.train import train
 from mappa.workflow.records import read_episodes
 
 

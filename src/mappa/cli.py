@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--tasks",
         default=None,
-        help="task file or dataset dir (default: tasks.eval_source, else held-out arithmetic)",
+        help="task file or dataset dir (default: eval.source, else held-out arithmetic)",
     )
     ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N tasks")
     ev.add_argument(
@@ -53,13 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         "--samples",
         type=int,
         default=None,
-        help="k samples per task for avg@k / pass@k (default: tasks.eval_samples)",
+        help="k samples per task for avg@k / pass@k (default: eval.samples)",
     )
     ev.add_argument(
         "--temperature",
         type=float,
         default=None,
-        help="sampling temperature, 0 = greedy (default: tasks.eval_temperature)",
+        help="sampling temperature, 0 = greedy (default: eval.temperature)",
     )
     ev.add_argument(
         "--allow-overlap",
@@ -79,28 +79,39 @@ def _setup_logging() -> None:
 
 
 def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
-    from mappa.config import TaskConfig
+    from mappa.config import EvalConfig
     from mappa.evaluation import checked_heldout, evaluate
 
     flags = {
-        "eval_samples": args.samples,
-        "eval_temperature": args.temperature,
+        "samples": args.samples,
+        "temperature": args.temperature,
         "allow_overlap": args.allow_overlap or None,
     }
     try:  # the flags are validated exactly like the config keys they override
-        cfg.tasks = TaskConfig.model_validate(
-            {**cfg.tasks.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
+        cfg.eval = EvalConfig.model_validate(
+            {**cfg.eval.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
         )
         tasks = checked_heldout(cfg, args.tasks, args.limit)
     except (ValueError, OSError) as err:  # bad flags, missing files, SplitOverlapError
         print(f"mappa: {err}", file=sys.stderr)
         return 2
+    import torch
+
+    from mappa import factory
+
     adapters = args.adapters
     if adapters is not None and (adapters / "adapters").is_dir():
         adapters = adapters / "adapters"
     out = args.out or (adapters.parent if adapters is not None else Path("runs/eval-base"))
-    source = args.tasks or cfg.tasks.eval_source or "arithmetic (held out)"
-    result = evaluate(cfg, adapters, tasks, out, source)
+    source = args.tasks or cfg.eval.source or "arithmetic (held out)"
+    torch.manual_seed(cfg.seed)  # sampled evaluations (eval.temperature > 0) are repeatable
+    runner = factory.make_runner(
+        cfg, factory.load_policies(cfg, adapters), out / "eval_workspaces"
+    )
+    try:
+        result = evaluate(cfg, runner, tasks, out, source, adapters)
+    finally:
+        runner.close()
     shown = {k: v for k, v in result.items() if k != "per_task"}
     width = max(len(k) for k in shown)
     for key, value in shown.items():
@@ -114,12 +125,13 @@ def _fmt(value: object) -> str:
 
 
 def _coach_check(cfg: RunConfig) -> int:
+    from mappa import factory
     from mappa.coach.check import run_check
-    from mappa.train import load_policies, make_coach
 
     needs_policy = cfg.coach.backend == "local" and cfg.coach.local.model_path is None
-    policies = load_policies(cfg) if needs_policy and cfg.coach.cache.mode != "replay" else None
-    table, _ = run_check(make_coach(cfg, policies), {a.name: a.role for a in cfg.agents})
+    load = needs_policy and cfg.coach.cache.mode != "replay"
+    policies = factory.load_policies(cfg) if load else None
+    table, _ = run_check(factory.make_coach(cfg, policies), {a.name: a.role for a in cfg.agents})
     print(table)
     return 0
 
@@ -129,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     config_path = args.config or default_config()
     try:
         cfg = load_config(config_path, args.overrides)
-    except ConfigError as err:
+        from mappa import factory  # checks that need more than the schema, still model-free
+
+        factory.check(cfg)
+    except (ConfigError, ValueError) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
     _setup_logging()

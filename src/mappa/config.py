@@ -8,7 +8,9 @@ raw YAML before validation, so they are checked the same way.
 
 from __future__ import annotations
 
+import copy
 import string
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -94,9 +96,17 @@ class AgentConfig(_Strict):
 
 
 class WorkflowConfig(_Strict):
-    """Settings of the pipeline around the agents."""
+    """The pipeline around the agents: which preset it starts from and how tool output is
+    returned to an agent."""
 
-    name: str = Field("mathchat", description="A label for logs and coach templates.")
+    preset: str | None = Field(
+        "mathchat",
+        description="A shipped pipeline (`mathchat`, `dsbench`) or the path of a YAML file "
+        "of the same shape: its agents, workflow settings and coach template are the "
+        "defaults this config overrides. `agents` given as a list replaces the preset's; "
+        "given as a mapping from agent name to fields, it changes only those fields. "
+        "null: no preset (`agents` must then be a full list).",
+    )
     tool_turn_template: str = Field(
         "Code output:\n```\n{observation}\n```\nContinue. If the result is final, answer "
         "without code.",
@@ -104,6 +114,13 @@ class WorkflowConfig(_Strict):
     )
     no_code_observation: str = Field(
         "(no code was run)", description="What `{X_observation}` holds when X ran no code."
+    )
+    observation_chars: int = Field(
+        2000,
+        ge=100,
+        description="Tool output an agent is shown, in its tool turn and as a later agent's "
+        "`{X_observation}` (head and tail kept). The coach's budget is "
+        "`coach.observation_chars`.",
     )
 
 
@@ -129,30 +146,6 @@ class TaskConfig(_Strict):
         description="Arithmetic level: 1 one bare operation, 2-4 word problems of 1-3 steps, "
         "5 multi-step word problems about two people.",
     )
-    eval_source: str | None = Field(
-        None,
-        description="Held-out tasks for `mappa eval` and `eval_every` (same forms as "
-        "`source`; default: arithmetic problems from further along the training stream, "
-        "never one of the training problems).",
-    )
-    eval_num_tasks: int = Field(32, ge=1, description="Arithmetic held-out set size.")
-    eval_every: int = Field(
-        0,
-        ge=0,
-        description="Evaluate on the held-out set every N training steps and after "
-        "the last one, logging `eval/...` metrics (0: never during training).",
-    )
-    eval_samples: int = Field(
-        1, ge=1, description="k: samples per held-out problem; reports avg@k and pass@k."
-    )
-    eval_temperature: float = Field(
-        0.0, ge=0.0, description="Sampling temperature for evaluation; 0 is greedy decoding."
-    )
-    allow_overlap: bool = Field(
-        False,
-        description="Evaluate even if held-out problems also occur in the training set "
-        "(the overlap is still reported).",
-    )
     answer_format: AnswerFormat = Field(
         "boxed",
         description="What the final agent's answer is: its last `\\boxed{}`, or its "
@@ -162,12 +155,42 @@ class TaskConfig(_Strict):
         5.0, gt=0.0, description="Time limit for one symbolic (sympy) answer comparison."
     )
 
+
+class EvalConfig(_Strict):
+    """The evaluation protocol: which held-out tasks, how often, how many samples.
+
+    Used by `mappa eval` and by the training loop every `every` steps. Correctness is always
+    decided by the deterministic grader with `tasks.answer_format`, never by the coach.
+    """
+
+    source: str | None = Field(
+        None,
+        description="Held-out tasks (same forms as `tasks.source`; default: arithmetic "
+        "problems from further along the training stream, never one of the training problems).",
+    )
+    num_tasks: int = Field(32, ge=1, description="Held-out set size for generated sources.")
+    every: int = Field(
+        0,
+        ge=0,
+        description="Evaluate on the held-out set every N training steps and after "
+        "the last one, logging `eval/...` metrics (0: never during training).",
+    )
+    samples: int = Field(
+        1, ge=1, description="k: samples per held-out problem; reports avg@k and pass@k."
+    )
+    temperature: float = Field(
+        0.0, ge=0.0, description="Sampling temperature for evaluation; 0 is greedy decoding."
+    )
+    allow_overlap: bool = Field(
+        False,
+        description="Evaluate even if held-out problems also occur in the training set "
+        "(the overlap is still reported).",
+    )
+
     @model_validator(mode="after")
-    def _check_sampling(self) -> TaskConfig:
-        if self.eval_samples > 1 and self.eval_temperature == 0.0:
-            raise ValueError(
-                "eval_samples > 1 needs eval_temperature > 0 (greedy samples are identical)"
-            )
+    def _check_sampling(self) -> EvalConfig:
+        if self.samples > 1 and self.temperature == 0.0:
+            raise ValueError("samples > 1 needs temperature > 0 (greedy samples are identical)")
         return self
 
 
@@ -179,11 +202,11 @@ class HttpCoachConfig(_Strict):
     api_key_env: str | None = Field(
         None, description="Name of the environment variable holding the API key (never the key)."
     )
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0, description="Read timeout of one request, seconds.")
     max_retries: int = Field(4, ge=0, description="Retries on 429/5xx/timeouts, with backoff.")
     concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
-    temperature: float = Field(0.0, ge=0.0)
-    max_tokens: int = Field(512, ge=8)
+    temperature: float = Field(0.0, ge=0.0, description="The coach's sampling temperature.")
+    max_tokens: int = Field(512, ge=8, description="Longest coach reply (analysis and score).")
     score_mode: Literal["sample", "expected"] = Field(
         "sample",
         description="`sample`: the score the coach wrote. `expected`: the expected value over "
@@ -202,7 +225,7 @@ class LocalCoachConfig(_Strict):
         description="Model for the coach; null reuses the policy base with adapters disabled "
         "(no extra memory).",
     )
-    batch_size: int = Field(4, ge=1)
+    batch_size: int = Field(4, ge=1, description="Actions scored in one forward pass.")
 
 
 class CoachCacheConfig(_Strict):
@@ -224,21 +247,28 @@ class CoachCacheConfig(_Strict):
 class CoachPrices(_Strict):
     """USD per million tokens, for the cost estimate in metrics."""
 
-    prompt: float = Field(0.0, ge=0.0)
-    completion: float = Field(0.0, ge=0.0)
+    prompt: float = Field(0.0, ge=0.0, description="USD per million prompt tokens.")
+    completion: float = Field(0.0, ge=0.0, description="USD per million completion tokens.")
 
 
 class CoachConfig(_Strict):
     """Who scores every action 0-10 (DESIGN.md §1)."""
 
-    backend: Literal["local", "http"] = "local"
+    backend: Literal["local", "http"] = Field(
+        "local",
+        description="`local`: an in-process model's expected score (the policy base with "
+        "adapters off by default). `http`: an OpenAI-compatible server.",
+    )
     template: str = Field(
         "mathchat",
         description="`mathchat`, `dsbench`, or the path of a YAML template of your own "
         "(checked at start: an unknown placeholder is an error).",
     )
     observation_chars: int = Field(
-        2000, ge=100, description="Tool output shown to the coach (head and tail kept)."
+        2000,
+        ge=100,
+        description="Tool output shown to the coach (head and tail kept); what agents see "
+        "is `workflow.observation_chars`.",
     )
     show_ground_truth: bool = Field(
         True, description="Show the reference answer when scoring the final agent."
@@ -250,13 +280,6 @@ class CoachConfig(_Strict):
     price_per_mtok: CoachPrices = Field(default_factory=CoachPrices)
     http: HttpCoachConfig = Field(default_factory=HttpCoachConfig)
     local: LocalCoachConfig = Field(default_factory=LocalCoachConfig)
-
-    @model_validator(mode="after")
-    def _check_template(self) -> CoachConfig:
-        from mappa.coach.templates import load_template
-
-        load_template(self.template)  # raises TemplateError (a ValueError) naming the problem
-        return self
 
 
 class RLConfig(_Strict):
@@ -303,7 +326,7 @@ class RLConfig(_Strict):
         description="Average the loss over all tokens, or per sequence then over sequences.",
     )
     lr: float = Field(1e-4, gt=0.0, description="Adam learning rate (LoRA needs ~1e-5..1e-4).")
-    weight_decay: float = Field(0.0, ge=0.0)
+    weight_decay: float = Field(0.0, ge=0.0, description="Adam weight decay on the adapters.")
     grad_clip: float = Field(1.0, gt=0.0, description="Global grad-norm clip per agent.")
     mask_truncated: bool = Field(
         True, description="Leave completions cut at max_new_tokens out of the loss."
@@ -385,12 +408,17 @@ class RunConfig(_Strict):
     """A whole run. `mappa train --config F key=value ...` builds one of these."""
 
     run_dir: Path = Field(Path("runs/demo"), description="Outputs: episodes, metrics, adapters.")
-    seed: int = 0
+    seed: int = Field(0, description="Seeds task order, sampling and adapter initialisation.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     workflow: WorkflowConfig = Field(default_factory=WorkflowConfig)
-    agents: list[AgentConfig] = Field(..., min_length=1)
+    agents: list[AgentConfig] = Field(
+        ...,
+        min_length=1,
+        description="The pipeline's agents in order (usually from `workflow.preset`).",
+    )
     tasks: TaskConfig = Field(default_factory=TaskConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     coach: CoachConfig = Field(default_factory=CoachConfig)
     rl: RLConfig = Field(default_factory=RLConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
@@ -424,6 +452,16 @@ def template_fields(template: str) -> set[str]:
         raise ValueError(f"malformed template {template[:60]!r}: {err}") from err
 
 
+def _list_key(node: list[Any], part: str, dotted: str) -> int:
+    """A list element by index, or by its ``name`` (``agents.verifier.max_actions``)."""
+    if part.isdigit() and int(part) < len(node):
+        return int(part)
+    for i, item in enumerate(node):
+        if isinstance(item, dict) and item.get("name") == part:
+            return i
+    raise ConfigError(f"override {dotted!r}: no list index or name {part!r}")
+
+
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     """Set ``a.b.0.c`` in a nested dict/list tree, creating dicts where absent."""
     parts = dotted.split(".")
@@ -431,9 +469,7 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"override {dotted!r}: no list index {part!r}")
-            key: Any = int(part)
+            key: Any = _list_key(node, part, dotted)
         else:
             key = part
         if last:
@@ -463,6 +499,58 @@ def _format_errors(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+PRESETS_DIR = Path(__file__).parent / "presets"
+"""Shipped pipeline presets: ``<name>.yaml`` holds agents, workflow and coach defaults."""
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    """The raw mapping of a shipped preset (by name) or of a preset YAML file (by path)."""
+    path = PRESETS_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        path = Path(name_or_path)
+    if not path.is_file():
+        shipped = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+        raise ConfigError(f"workflow.preset {name_or_path!r}: no such preset {shipped} or file")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a preset must be a mapping")
+    return data
+
+
+def _merge(base: Any, over: Any, where: str) -> Any:
+    """``over`` on top of ``base``: mappings merge key by key, anything else replaces.
+
+    ``agents`` given as a mapping updates the base's agents by name (an unknown name is an
+    error: a typo must not silently add nothing).
+    """
+    if where == "agents" and isinstance(over, dict) and isinstance(base, list):
+        by_name = {a.get("name"): a for a in base if isinstance(a, dict)}
+        unknown = sorted(set(over) - set(by_name))
+        if unknown:
+            raise ConfigError(f"agents: {unknown} not in the preset's agents {list(by_name)}")
+        return [_merge(a, over.get(a.get("name"), {}), "agent") for a in base]
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {k: _merge(base[k], v, k) if k in base else v for k, v in over.items()} | {
+            k: v for k, v in base.items() if k not in over
+        }
+    return over
+
+
+def with_preset(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """The config's raw mapping on top of its workflow preset (if any), then the overrides.
+
+    The preset is looked up after the overrides are applied (so ``workflow.preset=dsbench``
+    on the command line works); the overrides are applied last so that they may address
+    the preset's agents by index or by name.
+    """
+    probe = apply_overrides(copy.deepcopy(raw), overrides)
+    preset = probe.get("workflow", {}).get("preset", WorkflowConfig.model_fields["preset"].default)
+    merged = _merge(load_preset(preset), raw, "") if preset else raw
+    if preset:
+        merged.setdefault("workflow", {})["preset"] = preset
+    return apply_overrides(merged, overrides)
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read, override and validate a run config. Raises ConfigError naming file and key."""
     path = Path(path)
@@ -474,8 +562,70 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         raise ConfigError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
-    raw = apply_overrides(raw, overrides or [])
+    try:
+        raw = with_preset(raw, overrides or [])
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, str(path))) from None
+
+
+def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(annotation))
+    if isinstance(annotation, type) and not typing.get_args(annotation):
+        return annotation.__name__
+    return (
+        str(annotation).replace("typing.", "").replace("pathlib.", "").replace("mappa.config.", "")
+    )
+
+
+def reference_markdown() -> str:
+    """``docs/config.md``: every key of a run config with its type, default and description,
+    generated from the fields above (``make docs`` writes it; a test fails when it is stale)."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- Generated from src/mappa/config.py by `make docs`; do not edit by hand. -->",
+        "",
+        "A run is one YAML file (`mappa train --config F key.path=value ...`). Unknown keys "
+        "and wrong types are errors naming the file and the key. Sections below are the "
+        "top-level keys; nested sections are written `a.b`.",
+        "",
+    ]
+
+    def section(model: type[BaseModel], prefix: str) -> None:
+        doc = " ".join((model.__doc__ or "").split())
+        lines.extend([f"## `{prefix or 'top level'}`", "", doc, ""])
+        lines.extend(["| key | type | default | description |", "|---|---|---|---|"])
+        nested: list[tuple[type[BaseModel], str]] = []
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            path = f"{prefix}.{name}" if prefix else name
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                nested.append((annotation, path))
+                continue
+            if annotation == list[AgentConfig]:
+                nested.append((AgentConfig, f"{path}[]"))
+            if field.is_required():
+                default = "required"
+            elif field.default_factory is not None:
+                default = f"`{field.default_factory()!r}`"  # type: ignore[call-arg]  # no-arg factories only
+            else:
+                default = (
+                    f"`{field.default!r}`"
+                    if not isinstance(field.default, Path)
+                    else (f"`'{field.default}'`")
+                )
+            cells = [f"`{name}`", _type_name(annotation), default, field.description or ""]
+            lines.append(
+                "| " + " | ".join(" ".join(c.split()).replace("|", "\\|") for c in cells) + " |"
+            )
+        lines.append("")
+        for model_type, path in nested:
+            section(model_type, path)
+
+    section(RunConfig, "")
+    return "\n".join(lines)

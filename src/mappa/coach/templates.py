@@ -7,8 +7,10 @@ can fill: an unknown one is a config error at start, not a ``KeyError`` at step 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -16,11 +18,12 @@ from pathlib import Path
 import yaml
 
 from mappa.coach.context import CoachContext
+from mappa.config import AgentConfig
 
 # Placeholders each section may use.
 ALLOWED_FIELDS: dict[str, set[str]] = {
-    "system": {"output_limit"},
-    "final_system": {"output_limit"},
+    "system": {"output_limit", "pipeline"},
+    "final_system": {"output_limit", "pipeline"},
     "reference": {"ground_truth"},
     "user": {
         "task",
@@ -54,14 +57,46 @@ class CoachTemplate:
     user: str
     corrective: str
     source: str
+    pipeline: str = ""
+    """The team, described from the run's agents (``{pipeline}``; see ``for_pipeline``)."""
 
     @property
     def digest(self) -> str:
-        """Hash of the template text (part of the cache key: editing it invalidates scores)."""
-        text = "\x00".join(
-            [self.system, self.final_system, self.reference, self.user, self.corrective]
-        )
+        """Hash of the text the coach is shown (part of the cache key: editing the template
+        or the pipeline it describes invalidates cached scores)."""
+        parts = [self.system, self.final_system, self.reference, self.user, self.corrective]
+        text = "\x00".join([*parts, self.pipeline])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def for_pipeline(self, agents: Sequence[AgentConfig]) -> CoachTemplate:
+        """This template with ``{pipeline}`` describing ``agents``: the coach prompt then
+        follows the run's pipeline (its roles, action limits, code and files) instead of
+        restating it."""
+        return dataclasses.replace(self, pipeline=describe_pipeline(agents))
+
+
+def describe_pipeline(agents: Sequence[AgentConfig]) -> str:
+    """One line per agent, in order: its title, what it may do, and its role.
+
+    >>> from mappa.config import AgentConfig
+    >>> print(describe_pipeline([
+    ...     AgentConfig(name="solver", role="Solve it.", input_template="{task}"),
+    ...     AgentConfig(name="code_executor", role="Run code.", input_template="{task}",
+    ...                 max_actions=2, run_code=True, produces=["out.csv"]),
+    ... ]))
+    1. Solver (1 action): Solve it.
+    2. Code Executor (up to 2 actions; its ```python blocks are run and it sees their output; must leave out.csv): Run code.
+    """  # noqa: E501 - a doctest's expected output line cannot be wrapped
+    lines = []
+    for i, agent in enumerate(agents, 1):
+        can = [f"up to {agent.max_actions} actions" if agent.max_actions > 1 else "1 action"]
+        if agent.run_code:
+            can.append("its ```python blocks are run and it sees their output")
+        if agent.produces:
+            can.append("must leave " + ", ".join(agent.produces))
+        title = agent.name.replace("_", " ").title()
+        lines.append(f"{i}. {title} ({'; '.join(can)}): {agent.role.strip()}")
+    return "\n".join(lines)
 
 
 def _fields(text: str) -> set[str]:
@@ -114,9 +149,9 @@ def load_template(name_or_path: str) -> CoachTemplate:
 def render_messages(template: CoachTemplate, ctx: CoachContext) -> list[dict[str, str]]:
     """Chat messages asking the coach to judge one action."""
     limit = str(ctx.output_limit) if ctx.output_limit else "a fixed number of"
-    system = template.system.format(output_limit=limit)
+    system = template.system.format(output_limit=limit, pipeline=template.pipeline)
     if ctx.is_final:
-        system += template.final_system.format(output_limit=limit)
+        system += template.final_system.format(output_limit=limit, pipeline=template.pipeline)
     reference = (
         template.reference.format(ground_truth=ctx.ground_truth)
         if ctx.ground_truth is not None

@@ -1,5 +1,6 @@
 """The DSBench evaluation report: success, fair and successful-only metrics by task type,
-per-agent actions and execution errors, and who broke each failed run.
+and who broke each failed run. Per-agent behaviour (actions, tool calls, execution errors)
+is reported beside it with the common keys of ``mappa.report.metrics``.
 
 A failed run is blamed on the first agent (in pipeline order) that did not leave a file it
 owed (``produces`` in its config); if every file is there, the final agent's submission was
@@ -28,8 +29,8 @@ def culprit(episode: Episode, agents: Sequence[AgentConfig]) -> str | None:
 
 
 def dsbench_report(episodes: Sequence[Episode], agents: Sequence[AgentConfig]) -> dict[str, Any]:
-    from mappa.evaluation import execution_failed
-
+    """Success and metrics by task type, and blame; per-agent behaviour (actions, execution
+    errors) is in the same run's ``agent_metrics`` keys (``mappa.report.metrics``)."""
     out: dict[str, Any] = {"runs": len(episodes)}
     out["success_rate"] = mean(float(bool(e.correct)) for e in episodes) if episodes else None
     by_type: dict[str, list[Episode]] = defaultdict(list)
@@ -48,11 +49,6 @@ def dsbench_report(episodes: Sequence[Episode], agents: Sequence[AgentConfig]) -
             out[f"{task_type}/successful/{key}"] = mean(
                 e.metrics[key] for e in ok if key in e.metrics
             )
-    for agent in agents:
-        acts = [a for e in episodes for a in e.agent_actions(agent.name)]
-        runs = [a.tool_observation for a in acts if a.tool_observation is not None]
-        out[f"actions/{agent.name}"] = len(acts)
-        out[f"exec_errors/{agent.name}"] = sum(execution_failed(o) for o in runs)
     blame = Counter(c for e in episodes if (c := culprit(e, agents)) is not None)
     out["failed_runs_broken_by"] = dict(blame)
     out["failures"] = [

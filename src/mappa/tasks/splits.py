@@ -39,7 +39,7 @@ class SplitOverlapError(ValueError):
         shown = ", ".join(f"{e} (= train {t})" for e, t in pairs)
         super().__init__(
             f"{len(pairs)} problem(s) of {eval_name} also occur in {train_name}: {shown}. "
-            "Remove them, or pass --allow-overlap (tasks.allow_overlap=true) to evaluate anyway."
+            "Remove them, or pass --allow-overlap (eval.allow_overlap=true) to evaluate anyway."
         )
 
 

@@ -1,9 +1,10 @@
 """An episode's outcome, judged deterministically (never by the coach).
 
-MathChat: the final agent's last ``\\boxed{}`` against the reference answer. DSBench: the
+MathChat: the final agent's answer (its last ``\\boxed{}``, or its ``Answer:`` line, as
+``tasks.answer_format`` says) against the reference answer. DSBench: the
 ``submission.csv`` the team left in its workspace, scored against held-out answers by id.
 The outcome feeds accuracy/success metrics, the outcome-only baseline, and (for the final
-agent only) the coach's reference section.
+agent only) the coach's reference section. Training and evaluation both grade here.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mappa.config import AnswerFormat
 from mappa.tasks import Task
 
 
@@ -22,7 +24,13 @@ class Outcome:
     reference: str | None = None  # shown to the coach when it judges the final agent
 
 
-def judge(task: Task, final_text: str, workspace: Path) -> Outcome:
+def judge(
+    task: Task,
+    final_text: str,
+    workspace: Path,
+    answer_format: AnswerFormat = "boxed",
+    timeout_s: float = 5.0,
+) -> Outcome:
     """The outcome of one episode of ``task``."""
     if task.dsbench is not None:
         from mappa.tasks.dsbench.metrics import score_submission
@@ -38,5 +46,5 @@ def judge(task: Task, final_text: str, workspace: Path) -> Outcome:
         return Outcome(None)
     from mappa.tasks.math import grade_answer
 
-    extracted, correct = grade_answer(final_text, task.answer)
+    extracted, correct = grade_answer(final_text, task.answer, answer_format, timeout_s)
     return Outcome(correct, extracted, {}, task.answer)

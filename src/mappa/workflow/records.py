@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mappa.jsonl import append_jsonl, read_jsonl
 
@@ -38,6 +38,13 @@ class Score:
     flag_reason: str = ""
 
 
+ToolStatus = Literal["ok", "error", "timeout", "limit"]
+"""How an action's code run ended, from the sandbox's result (never parsed from text):
+``ok`` every block exited 0; otherwise the first failing block's ``timeout`` (wall time),
+``limit`` (memory, CPU, output, file size, processes) or ``error`` (an exception, a
+non-zero exit, a crash)."""
+
+
 @dataclass
 class Action:
     """One generation of one agent (plus the tool run it triggered, if any)."""
@@ -52,12 +59,13 @@ class Action:
     completion_text: str
     truncated: bool
     tool_observation: str | None = None
+    tool_status: ToolStatus | None = None  # None: the action ran no code
     workspace_files: str | None = None  # the shared workspace after this action, with provenance
     coach: Score | None = None
 
     @property
     def reward(self) -> float:
-        """The action's scalar reward: coach score / 10 (DESIGN.md §1)."""
+        """The action's scalar reward: coach score / 10 (docs/design.md §1)."""
         if self.coach is None:
             raise ValueError(f"action {self.episode_id}/{self.agent}/{self.turn} has no score")
         return self.coach.value / 10.0

@@ -2,35 +2,37 @@
 
 Each stage batches one agent's generations across all episodes (and, within a tool loop,
 across the episodes still looping), so a 3-agent pipeline costs a handful of batched
-generate calls per rollout rather than one call per episode. The runner talks to the model
-only through the small ``SamplingPolicy`` protocol, which keeps it testable above that interface.
+generate calls per rollout rather than one call per episode. The runner implements the
+``Rollout`` interface (``mappa.workflow.interface``) and talks to the model only through
+the small ``SamplingPolicy`` protocol, which keeps it testable above that interface. The
+sandbox pool is injected (built by ``mappa.factory``) and closed with the runner.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
-from mappa.config import AgentConfig, RolloutConfig, SandboxConfig, WorkflowConfig
+from mappa.config import AgentConfig, AnswerFormat, WorkflowConfig
 from mappa.models.interface import SamplingPolicy
 from mappa.sandbox import (
+    ExecutionResult,
     Job,
-    Limits,
     SandboxPool,
     Workspace,
     cut_middle,
     extract_code_blocks,
-    make_backend,
 )
-from mappa.sandbox.limits import MiB
 from mappa.tasks import Task
 from mappa.workflow.chat import ChatFormat
+from mappa.workflow.interface import Phase, RolloutInput, RolloutOutput, SamplingParams
 from mappa.workflow.outcome import judge
-from mappa.workflow.records import Action, Episode
+from mappa.workflow.records import Action, Episode, ToolStatus
 
 
 @dataclass
@@ -43,7 +45,19 @@ class _Slot:
 
 
 class PipelineRunner:
-    """Runs tasks through the configured agents; fills ``Episode.actions`` and grades."""
+    """Runs tasks through the configured agents; fills ``Episode.actions`` and grades.
+
+    Args:
+        policy: samples for each agent (its own adapter).
+        chat: the tokenizer's chat format, in token space.
+        agents: the pipeline, in order.
+        workflow: tool-turn template and the tool-output budget agents see.
+        sampling: how each phase samples.
+        max_prompt_tokens: the context limit; a tool loop stops before exceeding it.
+        pool: runs agents' code; owned from here on (``close()`` closes it).
+        workspace_root: episodes' shared directories go under ``<root>/<phase>/step<N>/``.
+        answer_format, grade_timeout_s: how the final agent's answer is graded.
+    """
 
     def __init__(
         self,
@@ -51,36 +65,39 @@ class PipelineRunner:
         chat: ChatFormat,
         agents: Sequence[AgentConfig],
         workflow: WorkflowConfig,
-        rollout: RolloutConfig,
-        sandbox: SandboxConfig,
+        sampling: Mapping[Phase, SamplingParams],
+        max_prompt_tokens: int,
+        pool: SandboxPool,
         workspace_root: Path,
-        observation_chars: int = 2000,
+        answer_format: AnswerFormat = "boxed",
+        grade_timeout_s: float = 5.0,
     ) -> None:
         self.policy = policy
         self.chat = chat
         self.agents = list(agents)
         self.workflow = workflow
-        self.rollout = rollout
-        backend = make_backend(
-            sandbox.backend,
-            python=sandbox.python,
-            uid_base=sandbox.uid_base,
-            sandboxfusion_url=sandbox.sandboxfusion_url,
-        )
-        self.sandbox = SandboxPool(
-            backend, sandbox_limits(sandbox), sandbox.pool_size, sandbox.mode
-        )
+        self.sampling = dict(sampling)
+        self.max_prompt_tokens = max_prompt_tokens
+        self.sandbox = pool
         self.workspaces: dict[str, Workspace] = {}
         """Episode id -> its shared workspace, with who made which file (for the coach)."""
         self.workspace_root = workspace_root
-        self.observation_chars = observation_chars
+        self.answer_format: AnswerFormat = answer_format
+        self.grade_timeout_s = grade_timeout_s
 
-    def run(self, tasks: Sequence[Task], step: int = 0, greedy: bool = False) -> list[Episode]:
+    def close(self) -> None:
+        """End the sandbox pool (and any persistent interpreters)."""
+        self.sandbox.close()
+
+    def run(self, batch: RolloutInput) -> RolloutOutput:
+        start = time.monotonic()
+        tasks, step = batch.tasks, batch.step
+        params = self.sampling[batch.phase]
         episodes = []
         self.workspaces = {}
         for i, task in enumerate(tasks):
             eid = f"s{step}-e{i}"
-            ws = self.workspace_root / f"step{step}" / eid
+            ws = self.workspace_root / batch.phase / f"step{step}" / eid
             shutil.rmtree(ws, ignore_errors=True)
             ws.mkdir(parents=True)
             if task.dsbench is not None:  # the task's inputs, present before anyone acts
@@ -99,22 +116,30 @@ class PipelineRunner:
                 )
             )
         fields: list[dict[str, str]] = [{"task": t.prompt} for t in tasks]
-        for k, agent in enumerate(tqdm(self.agents, desc=f"rollout step {step}", leave=False)):
+        desc = f"{batch.phase} rollout step {step}"
+        for k, agent in enumerate(tqdm(self.agents, desc=desc, leave=False)):
             for ep, f in zip(episodes, fields, strict=True):
-                ws = self.workspaces[ep.episode_id]
-                f["files"] = ws.describe()
-                f["file_warnings"] = _missing_note(self._missing(ws, self.agents[:k]))
-            self._run_agent(agent, episodes, fields, greedy)
+                workspace = self.workspaces[ep.episode_id]
+                f["files"] = workspace.describe()
+                f["file_warnings"] = _missing_note(self._missing(workspace, self.agents[:k]))
+            self._run_agent(agent, episodes, fields, params)
             for ep in episodes:  # an agent acts in one stage only: its interpreters can go
                 self.sandbox.end(self.workspaces[ep.episode_id], agent.name)
         final = self.agents[-1].name
         for ep, task in zip(episodes, tasks, strict=True):
-            ws = self.workspaces[ep.episode_id]
-            ep.missing_artifacts = self._missing(ws, self.agents)
-            outcome = judge(task, ep.agent_actions(final)[-1].completion_text, ws.path)
+            workspace = self.workspaces[ep.episode_id]
+            ep.missing_artifacts = self._missing(workspace, self.agents)
+            outcome = judge(
+                task,
+                ep.agent_actions(final)[-1].completion_text,
+                workspace.path,
+                self.answer_format,
+                self.grade_timeout_s,
+            )
             ep.correct, ep.final_answer = outcome.correct, outcome.final_answer
             ep.metrics, ep.coach_reference = outcome.metrics, outcome.reference
-        return episodes
+        tokens = sum(len(a.completion_ids) for e in episodes for a in e.actions)
+        return RolloutOutput(episodes, tokens, time.monotonic() - start)
 
     @staticmethod
     def _missing(ws: Workspace, agents: Sequence[AgentConfig]) -> dict[str, list[str]]:
@@ -130,15 +155,15 @@ class PipelineRunner:
         agent: AgentConfig,
         episodes: list[Episode],
         fields: list[dict[str, str]],
-        greedy: bool,
+        params: SamplingParams,
     ) -> None:
         slots = []
         for f in fields:
             prompt = self.chat.first_prompt(agent.role, agent.input_template.format(**f))
-            if len(prompt) > self.rollout.max_prompt_tokens:
+            if len(prompt) > self.max_prompt_tokens:
                 raise ValueError(
                     f"agent {agent.name}: prompt of {len(prompt)} tokens exceeds "
-                    f"rollout.max_prompt_tokens={self.rollout.max_prompt_tokens}"
+                    f"rollout.max_prompt_tokens={self.max_prompt_tokens}"
                 )
             slots.append(_Slot(prompt))
         active = list(range(len(episodes)))
@@ -148,17 +173,16 @@ class PipelineRunner:
             samples = self.policy.generate(
                 agent.name,
                 [slots[i].prompt for i in active],
-                self.rollout.max_new_tokens,
-                self.rollout.temperature,
-                self.rollout.batch_size,
-                greedy,
+                params.max_new_tokens,
+                params.temperature,
+                params.batch_size,
+                params.greedy,
             )
             texts = [self.chat.decode(s.completion_ids) for s in samples]
-            observations = self._execute_all(
-                [episodes[i].episode_id for i in active], texts, agent, turn
-            )
+            runs = self._execute_all([episodes[i].episode_id for i in active], texts, agent, turn)
             still = []
-            for i, sample, text, obs in zip(active, samples, texts, observations, strict=True):
+            for i, sample, text, run in zip(active, samples, texts, runs, strict=True):
+                obs, status = run
                 episodes[i].actions.append(
                     Action(
                         episode_id=episodes[i].episode_id,
@@ -171,6 +195,7 @@ class PipelineRunner:
                         completion_text=text,
                         truncated=sample.truncated,
                         tool_observation=obs,
+                        tool_status=status,
                         workspace_files=(
                             self.workspaces[episodes[i].episode_id].describe()
                             if agent.run_code
@@ -183,7 +208,7 @@ class PipelineRunner:
                 if obs is None:
                     continue  # no code: the tool loop ends here
                 slot.observation = obs
-                shown = cut_middle(obs, self.observation_chars)
+                shown = cut_middle(obs, self.workflow.observation_chars)
                 nxt = (
                     list(sample.prompt_ids)
                     + list(sample.completion_ids)
@@ -192,35 +217,48 @@ class PipelineRunner:
                         completion_ended_with_stop=not sample.truncated,
                     )
                 )
-                if len(nxt) <= self.rollout.max_prompt_tokens:
+                if len(nxt) <= self.max_prompt_tokens:
                     slot.prompt = nxt
                     still.append(i)
             active = still
         for f, slot in zip(fields, slots, strict=True):
             f[f"{agent.name}_output"] = slot.output
             f[f"{agent.name}_observation"] = (
-                cut_middle(slot.observation, self.observation_chars)
+                cut_middle(slot.observation, self.workflow.observation_chars)
                 if slot.observation is not None
                 else self.workflow.no_code_observation
             )
 
     def _execute_all(
         self, episode_ids: list[str], texts: list[str], agent: AgentConfig, turn: int
-    ) -> list[str | None]:
+    ) -> list[tuple[str | None, ToolStatus | None]]:
         """Run every episode's code blocks in its workspace (episodes in parallel, blocks in
-        order); None where a message has no code, which ends that agent's tool loop."""
+        order): (observation, status) per message, ``(None, None)`` where a message has no
+        code, which ends that agent's tool loop."""
+        runs: list[tuple[str | None, ToolStatus | None]] = [(None, None)] * len(texts)
         if not agent.run_code:
-            return [None] * len(texts)
+            return runs
         jobs, where = [], []
         for i, (eid, text) in enumerate(zip(episode_ids, texts, strict=True)):
             blocks = extract_code_blocks(text)
             if blocks:
                 jobs.append(Job(self.workspaces[eid], agent.name, turn, blocks))
                 where.append(i)
-        observations: list[str | None] = [None] * len(texts)
         for i, results in zip(where, self.sandbox.run(jobs), strict=True):
-            observations[i] = "\n".join(r.observation() for r in results)
-        return observations
+            runs[i] = ("\n".join(r.observation() for r in results), tool_status(results))
+        return runs
+
+
+def tool_status(results: Sequence[ExecutionResult]) -> ToolStatus:
+    """One action's run status: ``ok``, or how its first failing block ended."""
+    for r in results:
+        if r.status == "timeout":
+            return "timeout"
+        if r.limit is not None:
+            return "limit"
+        if r.status != "ok":
+            return "error"
+    return "ok"
 
 
 def _missing_note(missing: dict[str, list[str]]) -> str:
@@ -228,18 +266,4 @@ def _missing_note(missing: dict[str, list[str]]) -> str:
     return "".join(
         f"WARNING: {', '.join(files)} expected from {agent} is missing.\n"
         for agent, files in missing.items()
-    )
-
-
-def sandbox_limits(cfg: SandboxConfig) -> Limits:
-    """The run's sandbox limits from its config (sizes there are in MiB)."""
-    return Limits(
-        wall_time_s=cfg.timeout_s,
-        cpu_time_s=cfg.cpu_time_s if cfg.cpu_time_s is not None else 2 * cfg.timeout_s,
-        memory_bytes=cfg.memory_mb * MiB,
-        max_processes=cfg.max_processes,
-        file_size_bytes=cfg.file_size_mb * MiB,
-        tmp_bytes=cfg.tmp_size_mb * MiB,
-        max_output_chars=cfg.max_output_chars,
-        max_output_bytes=max(int(cfg.max_output_mb * MiB), cfg.max_output_chars),
     )

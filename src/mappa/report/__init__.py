@@ -1,0 +1,1 @@
+"""What a run reports: one metrics vocabulary (``metrics``) and the DSBench report."""

@@ -1,0 +1,61 @@
+"""Fakes shared by unit tests of logic that sits above an interface (named as fakes).
+
+``FakeScriptedPolicy`` implements ``mappa.models.interface.SamplingPolicy`` by answering
+each agent's n-th call with a scripted message, so the pipeline runner, sandbox handoff and
+token bookkeeping can be tested without a model deciding what to write. ``FakeCharChat``
+is a chat format whose token ids are character codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from mappa.models.interface import Sample
+
+
+class FakeScriptedPolicy:
+    """Fake policy: answers each agent's n-th call with ``scripts[agent][n]``, encoded by
+    ``encode`` (plus ``stop`` ids), every token with log-prob ``logprob``; records its inputs."""
+
+    def __init__(
+        self,
+        encode: Callable[[str], list[int]],
+        scripts: dict[str, list[str]],
+        stop: Sequence[int] = (),
+        logprob: float = -0.5,
+    ) -> None:
+        self.encode, self.scripts, self.stop, self.logprob = encode, scripts, list(stop), logprob
+        self.calls: dict[str, int] = {}
+        self.seen: list[tuple[str, list[list[int]]]] = []
+
+    def generate(
+        self,
+        agent: str | None,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        batch_size: int = 8,
+        greedy: bool = False,
+    ) -> list[Sample]:
+        assert agent is not None
+        n = self.calls.get(agent, 0)
+        self.calls[agent] = n + 1
+        self.seen.append((agent, [list(p) for p in prompts]))
+        ids = self.encode(self.scripts[agent][n]) + self.stop
+        return [Sample(list(p), list(ids), [self.logprob] * len(ids), False) for p in prompts]
+
+
+class FakeCharChat:
+    """Fake chat format: one token per character (id = code point), no template."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def first_prompt(self, role: str, text: str) -> list[int]:
+        return self.encode(f"{role}\n{text}\n")
+
+    def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
+        return "".join(map(chr, ids))
+
+    def tool_turn(self, text: str, completion_ended_with_stop: bool = True) -> list[int]:
+        return self.encode(f"\n{text}\n")
