@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class CoachContext:
-    """Everything the coach may see when judging one action (DESIGN.md §1).
+    """Everything the coach may see when judging one action (docs/design.md §1).
 
     ``ground_truth`` holds the reference answer (MathChat) or the computed metrics
     (DSBench); it is set only for the final agent and only when enabled. ``files`` is the

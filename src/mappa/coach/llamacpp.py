@@ -1,6 +1,6 @@
 """Run llama.cpp's OpenAI-compatible server on loopback for a local GGUF coach.
 
-llama.cpp decodes several times faster on a CPU than fp32 transformers (DESIGN.md §3), so
+llama.cpp decodes several times faster on a CPU than fp32 transformers (docs/design.md §2), so
 this is the practical way to run a real coach model on a laptop. Needs the optional extra
 ``llama-cpp-python[server]`` (``pip install 'mappa[coach-server]'``). The server's access
 log is kept so callers (tests, benchmarks) can count the requests that reached it.

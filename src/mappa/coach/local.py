@@ -2,7 +2,7 @@
 
 One forward pass per context reads the probability of each score token right after
 ``PROCESS_SCORE:``; the expected value is a smooth reward that separates good from bad
-actions even when a small model would not write the format itself (DESIGN.md §3). The
+actions even when a small model would not write the format itself (docs/design.md §2). The
 model is injected as a ``ScoreDistribution`` so this module imports no torch.
 """
 

@@ -3,7 +3,7 @@
 A GGUF loaded through transformers is dequantized on every load (20-60 s) and marked as
 quantized, which makes PEFT training and ``save_pretrained`` refuse it. So the first load
 dequantizes, rebuilds a plain model from the config, and caches it as safetensors in the
-user cache dir; later loads read the cache in about a second (DESIGN.md §3).
+user cache dir; later loads read the cache in about a second (docs/design.md §2).
 """
 
 from __future__ import annotations

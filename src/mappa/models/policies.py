@@ -1,6 +1,6 @@
 """AgentPolicies: one frozen base model plus one LoRA adapter per agent.
 
-Each agent has its own trainable weights (DESIGN.md §1) but they share the base in
+Each agent has its own trainable weights (docs/design.md §1) but they share the base in
 memory; the reference policy for the KL penalty is the same base with adapters disabled,
 so no second copy of the model is ever held. Generation is a plain sampling loop rather
 than ``generate()`` so the log-probability of every sampled token is exactly that of the

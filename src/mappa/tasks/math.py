@@ -1,6 +1,6 @@
 r"""Deterministic grading of math answers: our answer policy around ``math-verify``.
 
-Evaluation never asks the coach whether an answer is right (fault (2) in DESIGN.md §1).
+Evaluation never asks the coach whether an answer is right (fault (2) in docs/design.md §1).
 The policy, in order:
 
 1. **Extract** the answer: the last top-level ``\boxed{...}`` (braces balanced, a box

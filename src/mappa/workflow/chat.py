@@ -4,7 +4,7 @@ An agent's first prompt is rendered with the tokenizer's chat template. Every la
 of a tool loop is built by *appending ids*: the previous prompt ids, the completion ids
 exactly as sampled, then the ids of the tool turn. The sampled completion is never decoded
 and re-encoded, so the trainer sees exactly the tokens the policy produced (the reference
-code's fault (1) in DESIGN.md §1).
+code's fault (1) in docs/design.md §1).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ class SubmissionScore:
     metrics: dict[str, float] = field(default_factory=dict)
 
     def fair(self) -> dict[str, float]:
-        """Metrics with a failed run counted as chance/worst (DESIGN.md §1)."""
+        """Metrics with a failed run counted as chance/worst (docs/design.md §1)."""
         if self.success:
             return dict(self.metrics)
         if self.task_type == "classification":

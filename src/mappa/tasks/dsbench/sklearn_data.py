@@ -1,7 +1,7 @@
 """Real tabular datasets that ship inside scikit-learn, as DSBench-style tasks.
 
 breast_cancer (binary), wine and digits (multi-class), diabetes (regression): real data
-beats synthetic where we can have it offline (DESIGN.md §4). The ``fetch_*`` datasets need
+beats synthetic where we can have it offline (docs/design.md §3). The ``fetch_*`` datasets need
 the network and are not used.
 """
 
