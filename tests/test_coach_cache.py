@@ -169,7 +169,7 @@ def test_coach_check_table() -> None:
     table, overall = run_check(FakeOracleCoach(), {})
     assert overall == 1.0 and "usable" in table and "problem_solver" in table
     rows = discrimination([5.0] * len(CASES))  # a coach that says 5 to everything
-    assert all(r["pairs_right"] == 0.5 for r in rows)
+    assert all(r.pairs_right == 0.5 for r in rows)
 
 
 def test_coach_check_cli_with_a_real_local_model(

@@ -70,7 +70,9 @@ def test_overrides_are_typed_and_validated() -> None:
 
 def test_cli_bad_config_exits_nonzero_without_loading_a_model(tmp_path: Path) -> None:
     text = default_config().read_text()
-    path = _write(tmp_path, text.replace("  code_executor:\n", "  code_executor:\n    max_actionz: 2\n"))
+    path = _write(
+        tmp_path, text.replace("  code_executor:\n", "  code_executor:\n    max_actionz: 2\n")
+    )
     code = (
         "import sys\n"
         "from mappa.cli import main\n"

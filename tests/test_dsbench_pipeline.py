@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fakes import FakeScriptedPolicy
+
 from mappa.config import AgentConfig, load_config
 from mappa.factory import runner_for
 from mappa.report.dsbench import dsbench_report
@@ -40,7 +40,8 @@ from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
 from sklearn.model_selection import cross_val_score
 X, y = pd.read_pickle("X_train.pkl"), pd.read_pickle("y_train.pkl")
 is_clf = y.dtype == object or y.nunique() <= 10
-model = (RandomForestClassifier if is_clf else RandomForestRegressor)(n_estimators=40, random_state=0)
+Forest = RandomForestClassifier if is_clf else RandomForestRegressor
+model = Forest(n_estimators=40, random_state=0)
 print("cv", round(cross_val_score(model, X, y, cv=3).mean(), 3))
 pickle.dump(model.fit(X, y), open("model.pkl", "wb"))
 ```"""
@@ -48,7 +49,8 @@ ANALYST = """```python
 import pickle, pandas as pd
 model = pickle.load(open("model.pkl", "rb"))
 test = pd.read_csv("test.csv")
-pd.DataFrame({"id": test["id"], "target": model.predict(pd.read_pickle("X_test.pkl"))}).to_csv("submission.csv", index=False)
+pred = model.predict(pd.read_pickle("X_test.pkl"))
+pd.DataFrame({"id": test["id"], "target": pred}).to_csv("submission.csv", index=False)
 print("wrote", len(test))
 ```"""
 

@@ -17,7 +17,6 @@ import sys
 import tarfile
 import time
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 
 import httpx

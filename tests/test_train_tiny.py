@@ -12,9 +12,9 @@ import torch
 from conftest import tiny_run_config
 from safetensors.torch import load_file
 
+from mappa.factory import load_policies
 from mappa.jsonl import read_jsonl
 from mappa.models.loading import load_base
-from mappa.factory import load_policies
 from mappa.train import train
 from mappa.workflow.records import read_episodes
 

@@ -30,7 +30,7 @@ class _Strict(BaseModel):
 
 
 class LoraConfig(_Strict):
-    """One LoRA adapter per agent on a shared frozen base (DESIGN.md §2)."""
+    """One LoRA adapter per agent on a shared frozen base (docs/architecture.md)."""
 
     r: int = Field(8, ge=1, description="LoRA rank.")
     alpha: int = Field(16, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
@@ -252,7 +252,7 @@ class CoachPrices(_Strict):
 
 
 class CoachConfig(_Strict):
-    """Who scores every action 0-10 (DESIGN.md §1)."""
+    """Who scores every action 0-10 (docs/design.md §1)."""
 
     backend: Literal["local", "http"] = Field(
         "local",
@@ -283,7 +283,7 @@ class CoachConfig(_Strict):
 
 
 class RLConfig(_Strict):
-    """REINFORCE++ as used by MAPPA (DESIGN.md §1, docs/algorithm.md); defaults are the paper's."""
+    """REINFORCE++ as used by MAPPA (docs/design.md §1, docs/algorithm.md); defaults are the paper's."""
 
     advantage: Literal["reinforce_pp", "grpo", "rloo", "outcome_only"] = Field(
         "reinforce_pp",

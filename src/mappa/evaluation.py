@@ -2,7 +2,7 @@
 
 Used by ``mappa eval`` (writes ``eval.json``) and by the training loop every ``eval.every``
 steps (``eval/...`` keys in ``metrics.jsonl``). Correctness is never judged by the coach
-(DESIGN.md §1, fault 2): the rollout grades every final answer with ``tasks.answer_format``,
+(docs/design.md §1, fault 2): the rollout grades every final answer with ``tasks.answer_format``,
 the same path training uses. Before anything runs, the held-out problems are checked
 against the training problems (``mappa.tasks.splits``).
 
@@ -77,10 +77,15 @@ def run_heldout(
 ) -> tuple[dict[str, Any], list[Episode], list[dict[str, Any]]]:
     """Run every task ``eval.samples`` times; returns (metrics, episodes, per-task results)."""
     k = cfg.eval.samples
-    episodes = rollout.run(RolloutInput([t for t in tasks for _ in range(k)], step, "eval")).episodes
-    per_task = []
+    episodes = rollout.run(
+        RolloutInput([t for t in tasks for _ in range(k)], step, "eval")
+    ).episodes
+    per_task: list[dict[str, Any]] = []
+    correct: list[list[bool]] = []
     for i, task in enumerate(tasks):
         samples = episodes[i * k : (i + 1) * k]
+        if task.answer is not None:
+            correct.append([bool(e.correct) for e in samples])
         per_task.append(
             {
                 "task_id": task.task_id,
@@ -89,9 +94,12 @@ def run_heldout(
                 "correct": [e.correct for e in samples],
             }
         )
-    graded = [[bool(c) for c in r["correct"]] for r in per_task if r["answer"] is not None]
-    metrics: dict[str, Any] = {"tasks": len(tasks), "samples": k, "temperature": cfg.eval.temperature}
-    metrics.update(accuracy(graded, k))
+    metrics: dict[str, Any] = {
+        "tasks": len(tasks),
+        "samples": k,
+        "temperature": cfg.eval.temperature,
+    }
+    metrics.update(accuracy(correct, k))
     metrics.update(agent_metrics(episodes, cfg.agents, cfg.tasks.answer_format))
     if any(t.dsbench is not None for t in tasks):  # modeling tasks: success, fair metrics, blame
         from mappa.report.dsbench import dsbench_report

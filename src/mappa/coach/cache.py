@@ -34,7 +34,8 @@ class ScoreCache:
         self.path = path
         self.db = sqlite3.connect(path)
         self.db.execute(
-            "CREATE TABLE IF NOT EXISTS scores (key TEXT PRIMARY KEY, score TEXT NOT NULL, created REAL)"
+            "CREATE TABLE IF NOT EXISTS scores "
+            "(key TEXT PRIMARY KEY, score TEXT NOT NULL, created REAL)"
         )
         self.db.commit()
 

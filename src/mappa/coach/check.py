@@ -13,8 +13,14 @@ from dataclasses import dataclass
 from mappa.coach.base import CoachBackend
 from mappa.coach.context import CoachContext
 
-_TASK = "Ava has 12 apples. Then she buys 3 boxes with 4 apples in each box. How many apples does Ava have now?"
-_TASK2 = "Ben has 40 marbles. He gives away 15 marbles, then gets 8 more. How many marbles does Ben have now?"
+_TASK = (
+    "Ava has 12 apples. Then she buys 3 boxes with 4 apples in each box. "
+    "How many apples does Ava have now?"
+)
+_TASK2 = (
+    "Ben has 40 marbles. He gives away 15 marbles, then gets 8 more. "
+    "How many marbles does Ben have now?"
+)
 
 ROLES = {
     "problem_solver": "Reasons step by step about the problem and proposes a solution.",
@@ -113,9 +119,18 @@ def contexts(roles: Mapping[str, str], final_agent: str = "verifier") -> list[Co
     ]
 
 
-def discrimination(
-    values: Sequence[float], cases: Sequence[CheckCase] = CASES
-) -> list[dict[str, object]]:
+@dataclass(frozen=True)
+class RoleCheck:
+    """One role's row of the table: mean score of its good and bad cases, and the fraction
+    of (good, bad) pairs the coach ranks right (an AUC)."""
+
+    role: str
+    good: float
+    bad: float
+    pairs_right: float
+
+
+def discrimination(values: Sequence[float], cases: Sequence[CheckCase] = CASES) -> list[RoleCheck]:
     """Per role: mean good, mean bad, and the fraction of (good, bad) pairs ranked right."""
     rows = []
     for agent in ROLES:
@@ -123,12 +138,7 @@ def discrimination(
         bad = [v for v, c in zip(values, cases, strict=True) if c.agent == agent and not c.good]
         pairs = [(g > b) + 0.5 * (g == b) for g in good for b in bad]
         rows.append(
-            {
-                "role": agent,
-                "good": sum(good) / len(good),
-                "bad": sum(bad) / len(bad),
-                "pairs_right": sum(pairs) / len(pairs),
-            }
+            RoleCheck(agent, sum(good) / len(good), sum(bad) / len(bad), sum(pairs) / len(pairs))
         )
     return rows
 
@@ -141,10 +151,9 @@ def run_check(coach: CoachBackend, roles: Mapping[str, str]) -> tuple[str, float
     lines = [f"{'role':<16}{'good':>8}{'bad':>8}{'gap':>8}{'pairs right':>14}"]
     for r in rows:
         lines.append(
-            f"{r['role']:<16}{r['good']:>8.2f}{r['bad']:>8.2f}"
-            f"{float(r['good']) - float(r['bad']):>8.2f}{float(r['pairs_right']):>14.0%}"
+            f"{r.role:<16}{r.good:>8.2f}{r.bad:>8.2f}{r.good - r.bad:>8.2f}{r.pairs_right:>14.0%}"
         )
-    overall = sum(float(r["pairs_right"]) for r in rows) / len(rows)
+    overall = sum(r.pairs_right for r in rows) / len(rows)
     verdict = "usable" if overall >= 0.75 and not flagged else "NOT reliable: use a stronger coach"
     lines.append(
         f"overall pairs right: {overall:.0%}; flagged replies: {flagged}/{len(scores)} -> {verdict}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 _STRICT = re.compile(r"PROCESS_SCORE\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 _LENIENT = re.compile(r"\bscore\b[^0-9\-\n]{0,20}(-?\d+(?:\.\d+)?)\s*(?:/\s*10)?", re.IGNORECASE)
@@ -29,8 +30,10 @@ def parse_score(text: str, lenient: bool = False) -> ParsedScore:
 
     >>> parse_score("Good work.\\n**PROCESS_SCORE:** 8\\nANSWER_CORRECT: 1")
     ParsedScore(process_score=8.0, answer_correct=True)
-    >>> parse_score("Score: 7/10").process_score is None, parse_score("Score: 7/10", True).process_score
-    (True, 7.0)
+    >>> parse_score("Score: 7/10").process_score is None
+    True
+    >>> parse_score("Score: 7/10", True).process_score
+    7.0
     """
     text = text.replace("*", "") if text else ""
     strict = _STRICT.findall(text)
@@ -51,7 +54,7 @@ def _score_token(token: str) -> int | None:
     return int(t) if t.isdigit() and int(t) <= 10 and len(t) <= 2 else None
 
 
-def expected_score_from_logprobs(tokens: list[dict]) -> float | None:
+def expected_score_from_logprobs(tokens: list[dict[str, Any]]) -> float | None:
     """Expected score from an OpenAI-style ``logprobs.content`` list (with ``top_logprobs``).
 
     Finds the last token that follows ``PROCESS_SCORE:`` and is a number, and averages the

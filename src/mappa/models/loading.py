@@ -132,6 +132,6 @@ def load_base(path: str, dtype: str = "auto", device: str = "auto") -> tuple[Any
         tokenizer.pad_token = tokenizer.eos_token
     if tokenizer.chat_template is None:
         raise ValueError(f"{path}: tokenizer has no chat template; agents need a chat model")
-    model.to(dev).eval()
+    torch.nn.Module.to(model, dev).eval()  # (transformers' decorated .to() defeats mypy)
     model.requires_grad_(False)
     return model, tokenizer

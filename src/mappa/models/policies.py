@@ -24,7 +24,7 @@ from mappa.models.interface import Sample, TokenLogprobs
 def left_pad(
     seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-pad token lists: (ids, attention mask, position ids), every row ending at the last column.
+    """Left-pad token lists: (ids, attention mask, position ids), rows ending at the last column.
 
     Generation, training log-probs and the local coach all use this one layout, so a token's
     position ids (and hence its log-prob) are the same wherever it is computed.
@@ -233,5 +233,5 @@ class AgentPolicies:
         """Save each agent's adapter to ``directory/<agent>`` (standard PEFT layout)."""
         directory.mkdir(parents=True, exist_ok=True)
         for agent in self.agents:
-            self.model.save_pretrained(directory, selected_adapters=[agent])
+            self.model.save_pretrained(str(directory), selected_adapters=[agent])
         return {agent: directory / agent for agent in self.agents}

@@ -28,7 +28,6 @@ from mappa.sandbox import (
     cut_middle,
     extract_code_blocks,
 )
-from mappa.tasks import Task
 from mappa.workflow.chat import ChatFormat
 from mappa.workflow.interface import Phase, RolloutInput, RolloutOutput, SamplingParams
 from mappa.workflow.outcome import judge
