@@ -4,6 +4,7 @@ expected value), with padding and truncated (masked-out) completions present."""
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import pytest
 import torch
@@ -20,7 +21,16 @@ from mappa.rl import (
     token_rewards,
 )
 from mappa.rl.advantages import EstimatorConfig, Groups
-from mappa.rl.core import KLController, grouped_whiten
+from mappa.rl.core import grouped_whiten
+from mappa.rl.kl import (
+    DEFAULT_KL_ESTIMATOR,
+    K3_CLAMP,
+    KL_ESTIMATORS,
+    LOG_RATIO_CLAMP,
+    KLController,
+    get_kl_estimator,
+    register_kl_estimator,
+)
 from mappa.rl.loss import LossConfig
 from mappa.rl.rewards import mix_reward
 from mappa.rl.update import build_batch
@@ -56,6 +66,43 @@ def test_kl_estimators() -> None:
     assert float(kl_estimate(torch.tensor([0.0]), torch.tensor([0.0]), "k3")) == 0.0
     with pytest.raises(ValueError):
         kl_estimate(logp, ref, "k9")
+
+
+def test_kl_registry_and_the_one_default() -> None:
+    assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}
+    # the config offers exactly the registered estimators, and everything defaults to k1
+    assert set(get_args(RLConfig.model_fields["kl_estimator"].annotation)) == set(KL_ESTIMATORS)
+    assert DEFAULT_KL_ESTIMATOR == "k1" == RLConfig().kl_estimator == LossConfig().kl_estimator
+    with pytest.raises(ValueError, match="k1, k2, k3"):
+        get_kl_estimator("k9")
+    with pytest.raises(ValueError, match="twice"):
+        register_kl_estimator("k1")(lambda d: d)
+    try:
+        register_kl_estimator("abs")(lambda d: d.abs())
+        assert kl_estimate(torch.tensor([-1.0]), torch.tensor([0.0]), "abs").tolist() == [1.0]
+    finally:
+        KL_ESTIMATORS.pop("abs", None)
+
+
+def test_kl_clamps_change_nothing_in_normal_ranges() -> None:
+    d = torch.linspace(-19.5, 19.5, 79)
+    ref = torch.zeros_like(d)  # so logp - ref is d exactly
+    assert torch.equal(kl_estimate(d, ref, "k1"), d)
+    assert torch.equal(kl_estimate(d, ref, "k2"), 0.5 * d**2)
+    raw = torch.expm1(-d) + d
+    k3 = kl_estimate(d, ref, "k3")
+    inside = raw <= K3_CLAMP  # d from about -2.6 to 11
+    assert inside.sum() > 20 and torch.equal(k3[inside], raw[inside])
+    assert (k3[~inside] == K3_CLAMP).all()
+
+
+def test_kl_clamps_keep_extreme_log_ratios_finite() -> None:
+    inf = float("inf")
+    logp, ref = torch.tensor([0.0, -inf, 0.0, -1.0]), torch.tensor([-inf, 0.0, -100.0, -1.0])
+    c = LOG_RATIO_CLAMP
+    assert kl_estimate(logp, ref, "k1").tolist() == [c, -c, c, 0.0]
+    assert kl_estimate(logp, ref, "k2").tolist() == [c * c / 2, c * c / 2, c * c / 2, 0.0]
+    assert kl_estimate(logp, ref, "k3").tolist() == [K3_CLAMP, K3_CLAMP, K3_CLAMP, 0.0]
 
 
 def test_adaptive_beta() -> None:
@@ -193,7 +240,8 @@ def test_build_batch_scopes_groups_rewards_and_truncation() -> None:
     ]
 
     def scope(name: str) -> list[int]:
-        return build_batch(items, RLConfig(norm_scope=name)).groups.scope.tolist()  # type: ignore[arg-type]
+        cfg = RLConfig.model_validate({"norm_scope": name})
+        return build_batch(items, cfg).groups.scope.tolist()
 
     assert scope("agent") == [0, 0, 1, 1]
     assert scope("global") == [0, 0, 0, 0]

@@ -2,47 +2,12 @@
 
 Shapes: ``(B, T)`` with ``B`` actions and ``T`` the longest completion; ``mask`` is 1 on
 completion tokens that count and 0 on padding (and on masked-out truncated completions).
+The KL estimators and the KL controller live in ``mappa.rl.kl``.
 """
 
 from __future__ import annotations
 
 import torch
-
-
-def kl_estimate(logp: torch.Tensor, logp_ref: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from the sampled token's log-probs.
-
-    With d = log pi - log pi_ref (Schulman's estimators):
-    k1 = d (unbiased, can be negative; MAPPA's reference code), k2 = d^2 / 2 (biased, low
-    variance), k3 = exp(-d) - 1 + d (unbiased and non-negative).
-    """
-    d = logp - logp_ref
-    if estimator == "k1":
-        return d
-    if estimator == "k2":
-        return 0.5 * d**2
-    if estimator == "k3":
-        return torch.expm1(-d) + d
-    raise ValueError(f"unknown KL estimator {estimator!r}; have k1, k2, k3")
-
-
-class KLController:
-    """The KL coefficient beta: fixed, or adapted toward a target KL (Ziegler et al. 2019).
-
-    Adaptive update after each step: beta *= 1 + clip((kl - target) / target, -0.2, 0.2) * n / horizon,
-    with ``n`` the tokens of the step, so beta grows when the policy drifts too far.
-    """
-
-    def __init__(self, beta: float, target: float | None = None, horizon: int = 10_000) -> None:
-        self.beta = beta
-        self.target = target
-        self.horizon = horizon
-
-    def update(self, observed_kl: float, n_tokens: int) -> float:
-        if self.target is not None:
-            error = max(-0.2, min(0.2, (observed_kl - self.target) / self.target))
-            self.beta *= 1.0 + error * n_tokens / self.horizon
-        return self.beta
 
 
 def last_token_index(mask: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mappa.rl.core import kl_estimate
+from mappa.rl.kl import DEFAULT_KL_ESTIMATOR, kl_estimate
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,7 @@ class LossConfig:
     clip_eps_high: float = 0.2
     agg: str = "token_mean"  # or "seq_mean"
     kl_beta_in_loss: float = 0.0  # > 0 only when the KL penalty lives in the loss
-    kl_estimator: str = "k3"
+    kl_estimator: str = DEFAULT_KL_ESTIMATOR  # "k1", the paper's
 
 
 def aggregate(
@@ -67,7 +67,7 @@ def policy_loss(
         count = mask.sum().clamp(min=1)
         stats = {
             "clip_frac": float(((clipped > unclipped).float() * mask).sum() / count),
-            "approx_kl": float((0.5 * (logp - logp_old) ** 2 * mask).sum() / count),
+            "approx_kl": float((kl_estimate(logp, logp_old, "k2") * mask).sum() / count),
         }
         if kl_term is not None:
             stats["kl_in_loss"] = float((kl_term * mask).sum() / count)

@@ -18,7 +18,8 @@ import torch
 from mappa.config import RLConfig
 from mappa.models.interface import TrainablePolicy
 from mappa.rl.advantages import EstimatorConfig, Groups, get_estimator
-from mappa.rl.core import kl_estimate, masked_mean, token_rewards
+from mappa.rl.core import masked_mean, token_rewards
+from mappa.rl.kl import kl_estimate
 from mappa.rl.loss import LossConfig, policy_loss
 from mappa.rl.rewards import mix_reward
 from mappa.workflow.records import Action, Episode
