@@ -4,6 +4,10 @@ expected value), with padding and truncated (masked-out) completions present."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
 from typing import get_args
 
 import pytest
@@ -12,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mappa.config import RLConfig
+from mappa.models.interface import TokenLogprobs
 from mappa.rl import (
     get_estimator,
     kl_estimate,
@@ -22,6 +27,7 @@ from mappa.rl import (
 )
 from mappa.rl.advantages import EstimatorConfig, Groups
 from mappa.rl.core import grouped_whiten
+from mappa.rl.experience import build_batch, make_experience, scored_actions
 from mappa.rl.kl import (
     DEFAULT_KL_ESTIMATOR,
     K3_CLAMP,
@@ -33,7 +39,7 @@ from mappa.rl.kl import (
 )
 from mappa.rl.loss import LossConfig
 from mappa.rl.rewards import mix_reward
-from mappa.rl.update import build_batch
+from mappa.rl.update import UpdateStats, update_agents
 from mappa.workflow.records import Action, Episode, Score
 
 REWARDS = torch.tensor([0.8, 0.3])
@@ -345,3 +351,130 @@ def test_loss_gradient_equals_reinforce_gradient() -> None:
     ref = torch.autograd.grad(direct, list(model.parameters()))
     for a, b in zip(ppo, ref, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+class TablePolicy:
+    """A ``TrainablePolicy`` fake: log pi(token) = log_softmax(table)[token], one trainable
+    table per agent, all starting at the reference's (``agent=None``) fixed table."""
+
+    def __init__(self, agents: Sequence[str], vocab: int = 8) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.ref = torch.randn(vocab, generator=gen)
+        self.tables = {a: torch.nn.Parameter(self.ref.clone()) for a in agents}
+        self.calls: list[str | None] = []
+
+    def completion_logprobs(
+        self,
+        agent: str | None,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> TokenLogprobs:
+        self.calls.append(agent)
+        lp = torch.log_softmax(
+            (self.ref if agent is None else self.tables[agent]) / temperature, -1
+        )
+        width = max(len(c) for c in completion_ids)
+        out = torch.stack(
+            [torch.cat([lp[list(c)], torch.zeros(width - len(c))]) for c in completion_ids]
+        )
+        entropy = -(lp.exp() * lp).sum().detach().expand_as(out) if with_entropy else None
+        return TokenLogprobs(out, entropy)
+
+
+def _episodes(policy: TablePolicy) -> list[Episode]:
+    """Two episodes; each action's old log-probs are the reference's plus a known offset, so
+    its k1 KL is that offset on every token. b's turn-1 action in e2 is flagged."""
+    ref = torch.log_softmax(policy.ref, -1)
+
+    def act(ep: str, agent: str, turn: int, ids: list[int], offset: float, score: float) -> Action:
+        old = (ref[ids] + offset).tolist()
+        flagged = turn == 1
+        return Action(
+            ep, agent, turn, [0], ids, old, "p", "c", False, coach=Score(score, flagged=flagged)
+        )
+
+    e1 = Episode("e1", "t1", "task", "1", correct=True)
+    e1.actions = [act("e1", "a", 0, [1, 2, 3], 0.2, 8.0), act("e1", "b", 0, [6, 7], 0.4, 3.0)]
+    e2 = Episode("e2", "t2", "task", "1", correct=False)
+    e2.actions = [
+        act("e2", "a", 0, [4, 5], -0.1, 2.0),
+        act("e2", "b", 0, [6], 0.4, 9.0),
+        act("e2", "b", 1, [2, 2], 1.0, 5.0),
+    ]
+    return [e1, e2]
+
+
+def test_experience_computes_the_kl_once_and_means_it_per_agent() -> None:
+    policy = TablePolicy(["a", "b"])
+    items = scored_actions(_episodes(policy), exclude_flagged=True)
+    assert [(a.agent, a.turn) for _, a in items] == [("a", 0), ("b", 0), ("a", 0), ("b", 0)]
+    exp = make_experience(policy, items, RLConfig(), beta=0.1, temperature=1.0)
+    assert policy.calls == [None]  # one reference pass (micro-batch 4)
+    expected_kl = torch.tensor(
+        [[0.2, 0.2, 0.2], [0.4, 0.4, 0.0], [-0.1, -0.1, 0.0], [0.4, 0.0, 0.0]]
+    )
+    assert torch.allclose(exp.kl, expected_kl, atol=1e-6)  # 0 on padding
+    assert math.isclose(exp.mean_kl(), 1.6 / 8, abs_tol=1e-6)  # (0.6 - 0.2 + 1.2) / 8 tokens
+    assert math.isclose(exp.mean_kl(exp.rows("a")), 0.4 / 5, abs_tol=1e-6)
+    assert math.isclose(exp.mean_kl(exp.rows("b")), 1.2 / 3, abs_tol=1e-6)
+    assert exp.advantages.shape == exp.returns.shape == exp.old.shape == (4, 3)
+
+
+def test_update_agents_steps_each_agent_and_logs_the_step() -> None:
+    policy = TablePolicy(["a", "b", "c"])
+    before = {n: t.detach().clone() for n, t in policy.tables.items()}
+    optimizers = {n: torch.optim.Adam([t], lr=0.1) for n, t in policy.tables.items()}
+    params = {n: [t] for n, t in policy.tables.items()}
+    kl_ctl = KLController(0.1, target=0.1, horizon=100)
+    out = update_agents(
+        policy,
+        _episodes(policy),
+        ["a", "b", "c"],
+        optimizers,
+        params,
+        RLConfig(),
+        kl_ctl,
+        exclude_flagged=True,
+        temperature=1.0,
+    )
+    stat_keys = [f"rl/{n}/{f.name}" for n in "abc" for f in fields(UpdateStats)]
+    assert list(out) == ["kl_beta", "trained_actions", *stat_keys, "mean_kl"]
+    assert out["kl_beta"] == 0.1 and out["trained_actions"] == 4  # beta used; flagged left out
+    assert math.isclose(out["mean_kl"], 0.2, abs_tol=1e-6)
+    assert math.isclose(out["rl/a/mean_kl"], 0.08, abs_tol=1e-6)
+    assert math.isclose(out["rl/b/mean_kl"], 0.4, abs_tol=1e-6)
+    assert (out["rl/a/actions"], out["rl/a/tokens"], out["rl/b/tokens"]) == (2, 5, 3)
+    assert out["rl/c/skipped"] == "no actions" and out["rl/c/actions"] == 0
+    # error clip((0.2 - 0.1) / 0.1, +-0.2) = 0.2 ; beta = 0.1 * (1 + 0.2 * 8 / 100) = 0.1016
+    assert math.isclose(kl_ctl.beta, 0.1016, rel_tol=1e-6)
+    assert not torch.equal(policy.tables["a"].detach(), before["a"])
+    assert not torch.equal(policy.tables["b"].detach(), before["b"])
+    assert torch.equal(policy.tables["c"].detach(), before["c"])
+
+    def again(episodes: list[Episode], exclude_flagged: bool) -> dict[str, object]:
+        return update_agents(
+            policy,
+            episodes,
+            ["a"],
+            optimizers,
+            params,
+            RLConfig(),
+            kl_ctl,
+            exclude_flagged=exclude_flagged,
+            temperature=1.0,
+        )
+
+    assert again(_episodes(policy), exclude_flagged=False)["trained_actions"] == 5
+    empty = again([], exclude_flagged=True)
+    assert empty == {"kl_beta": kl_ctl.beta, "trained_actions": 0, "mean_kl": None}
+
+
+def test_rl_imports_no_runner_trainer_evaluation_or_coach() -> None:
+    code = "import sys, mappa.rl; print(' '.join(sorted(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    forbidden = ("mappa.workflow.runner", "mappa.train", "mappa.evaluation", "mappa.coach")
+    assert not [m for m in loaded if m.startswith(forbidden)]

@@ -12,41 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_run_config
+from fakes import FakeScriptedPolicy
 
 from mappa.config import RLConfig
-from mappa.models.interface import Sample
+from mappa.factory import runner_for
+from mappa.models.interface import TokenLogprobs
 from mappa.models.loading import load_base
 from mappa.models.policies import AgentPolicies
-from mappa.rl.update import build_batch, compute_advantages, policy_step, reference_logprobs
+from mappa.rl.experience import make_experience
+from mappa.rl.update import policy_step
 from mappa.tasks import Task
-from mappa.train import build_runner
 from mappa.workflow.chat import ChatFormat
+from mappa.workflow.interface import RolloutInput
 from mappa.workflow.records import Score
-
-
-class FakeScriptedPolicy:
-    """Fake policy: answers each agent's n-th call with a scripted text; records its inputs."""
-
-    def __init__(self, chat: ChatFormat, eos_id: int, scripts: dict[str, list[str]]) -> None:
-        self.chat, self.eos_id, self.scripts = chat, eos_id, scripts
-        self.calls: dict[str, int] = {}
-        self.seen: list[tuple[str, list[list[int]]]] = []
-
-    def generate(
-        self,
-        agent: str | None,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        batch_size: int = 8,
-        greedy: bool = False,
-    ) -> list[Sample]:
-        assert agent is not None
-        n = self.calls.get(agent, 0)
-        self.calls[agent] = n + 1
-        self.seen.append((agent, [list(p) for p in prompts]))
-        ids = self.chat.encode(self.scripts[agent][n]) + [self.eos_id]
-        return [Sample(list(p), list(ids), [-0.5] * len(ids), False) for p in prompts]
 
 
 class RecordingPolicy:
@@ -58,12 +36,12 @@ class RecordingPolicy:
 
     def completion_logprobs(
         self,
-        agent,
-        prompt_ids,
-        completion_ids,
-        temperature=1.0,  # type: ignore[no-untyped-def]
-        with_entropy=False,
-    ):
+        agent: str | None,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> TokenLogprobs:
         self.calls.append((agent, [list(p) for p in prompt_ids], [list(c) for c in completion_ids]))
         return self.inner.completion_logprobs(
             agent, prompt_ids, completion_ids, temperature, with_entropy
@@ -83,18 +61,20 @@ def test_tool_loop_second_prompt_is_real_context_and_is_trained_on(
     cfg = tiny_run_config(tiny_model_dir, tmp_path)
     chat = ChatFormat(tiny.tokenizer)
     fake = FakeScriptedPolicy(
-        chat,
-        tiny.tokenizer.eos_token_id,
+        chat.encode,
         {
             "problem_solver": ["12 + 5 = 17"],
             "code_executor": ["```python\nprint(12 + 5)\n```", "The code printed 17."],
             "verifier": ["The answer is \\boxed{17}."],
         },
+        stop=[tiny.tokenizer.eos_token_id],
     )
-    runner = build_runner(cfg, tiny, tmp_path / "ws")
-    runner.policy = fake
     tasks = [Task("t0", "Ava has 12 apples and gets 5 more. How many?", "17")] * 2
-    episodes = runner.run(tasks)
+    runner = runner_for(cfg, fake, chat, tmp_path / "ws")
+    try:
+        episodes = runner.run(RolloutInput(tasks)).episodes
+    finally:
+        runner.close()
 
     for ep in episodes:
         assert ep.correct is True and ep.final_answer == "17"
@@ -123,20 +103,10 @@ def test_tool_loop_second_prompt_is_real_context_and_is_trained_on(
     actions = [a for _, a in items]
     rl = RLConfig(micro_batch_size=8)
     recorder = RecordingPolicy(tiny)
-    batch = build_batch(items, rl)
-    ref = reference_logprobs(recorder, batch.actions, batch.old.shape[1], 8, 1.0)
-    adv, _, _ = compute_advantages(batch, ref, rl, beta=0.01)
+    exp = make_experience(recorder, items, rl, beta=0.01, temperature=1.0)
     params = tiny.adapter_parameters("code_executor")
     stats = policy_step(
-        recorder,
-        "code_executor",
-        batch,
-        adv,
-        ref,
-        torch.optim.Adam(params, lr=1e-3),
-        params,
-        rl,
-        beta=0.01,
+        recorder, "code_executor", exp, torch.optim.Adam(params, lr=1e-3), params, rl, beta=0.01
     )
     assert stats.tokens == sum(len(a.completion_ids) for a in actions)
     assert [c[0] for c in recorder.calls] == [None, "code_executor"]
