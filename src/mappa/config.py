@@ -283,7 +283,8 @@ class CoachConfig(_Strict):
 
 
 class RLConfig(_Strict):
-    """REINFORCE++ as used by MAPPA (docs/design.md §1, docs/algorithm.md); defaults are the paper's."""
+    """REINFORCE++ as used by MAPPA (docs/design.md §1, docs/algorithm.md); defaults are the
+    paper's."""
 
     advantage: Literal["reinforce_pp", "grpo", "rloo", "outcome_only"] = Field(
         "reinforce_pp",

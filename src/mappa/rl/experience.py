@@ -1,6 +1,6 @@
 """From scored episodes to experience: the padded batch the update trains on.
 
-The shape of OpenRLHF's experience maker, for MAPPA's REINFORCE++ (DESIGN.md §1):
+The shape of OpenRLHF's experience maker, for MAPPA's REINFORCE++ (docs/design.md §1):
 
 1. ``scored_actions``: the (episode, action) pairs that carry a coach score.
 2. ``build_batch`` -> ``RolloutBatch``: completions padded to one width ``T``, the old

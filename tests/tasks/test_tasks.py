@@ -12,7 +12,7 @@ from mappa.tasks import Task, load_tasks
 from mappa.tasks.arithmetic import LEVELS, generate
 from mappa.tasks.splits import SplitOverlapError, check_disjoint, find_overlap, normalize_text
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "math"
 
 
 def _solve(prompt: str) -> int:

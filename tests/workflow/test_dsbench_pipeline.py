@@ -21,7 +21,7 @@ from mappa.workflow.chat import ChatFormat
 from mappa.workflow.interface import RolloutInput
 from mappa.workflow.runner import PipelineRunner
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 DATA_ENGINEER = """```python
 import pandas as pd

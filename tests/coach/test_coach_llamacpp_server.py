@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("llama_cpp", reason="install the coach-server extra (make install does)")
+pytest.importorskip("llama_cpp", reason="install the coach-server extra (make test does)")
 
 from mappa.coach.cache import CachedCoach, ScoreCache
 from mappa.coach.context import CoachContext

@@ -17,7 +17,7 @@ from mappa.tasks.dsbench.sklearn_data import make_task as sklearn_task
 from mappa.tasks.dsbench.spec import DSBenchTask
 from mappa.tasks.dsbench.synthetic import generate, make_task
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "dsbench"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "dsbench"
 
 
 def test_synthetic_tasks_follow_the_contract(tmp_path: Path) -> None:
