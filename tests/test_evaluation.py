@@ -11,9 +11,11 @@ import yaml
 from conftest import tiny_run_config
 
 from mappa.cli import main
+from mappa.config import RunConfig
 from mappa.jsonl import read_jsonl
 from mappa.report.metrics import accuracy, agent_metrics
-from mappa.sandbox import ExecutionResult
+from mappa.sandbox import ExecutionResult, Status
+from mappa.sandbox.limits import LimitName
 from mappa.train import train
 from mappa.workflow.records import Action, Episode, ToolStatus, read_episodes
 from mappa.workflow.runner import tool_status
@@ -61,8 +63,8 @@ def test_behaviour_metrics_per_agent(tiny_model_dir: Path, tmp_path: Path) -> No
     assert accuracy([], 1) == {"graded": 0, "accuracy": None, "avg@1": None, "pass@1": None}
 
 
-def _result(status: str, limit: str | None = None) -> ExecutionResult:
-    return ExecutionResult(status, 0, "", "", 0.1, limit=limit)  # type: ignore[arg-type]
+def _result(status: Status, limit: LimitName | None = None) -> ExecutionResult:
+    return ExecutionResult(status, 0, "", "", 0.1, limit=limit)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +84,7 @@ def test_tool_status_comes_from_the_sandbox_result(
     assert tool_status(results) == expected
 
 
-def _config_file(cfg, path: Path) -> Path:  # noqa: ANN001 - a RunConfig
+def _config_file(cfg: RunConfig, path: Path) -> Path:
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     return path
 

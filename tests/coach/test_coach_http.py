@@ -38,7 +38,7 @@ class FakeOpenAIServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:  # noqa: N802 - the name http.server dispatches to
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with server.lock:
                     server.requests.append(

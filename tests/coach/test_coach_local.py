@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -13,7 +14,9 @@ from mappa.models.loading import load_base
 from mappa.models.scorer import ScoreDistributionModel
 
 
-def _direct(model, tok, scorer: ScoreDistributionModel, messages) -> list[float]:  # type: ignore[no-untyped-def]
+def _direct(
+    model: Any, tok: Any, scorer: ScoreDistributionModel, messages: list[dict[str, str]]
+) -> list[float]:
     """Unbatched, uncached reference computation of P(0..10)."""
     text = (
         tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + SCORE_PREFIX

@@ -379,7 +379,7 @@ def test_runner_shares_the_episode_workspace_and_records_who_made_what(tmp_path:
         },
     )
     cfg = RunConfig(agents=agents, sandbox=SandboxConfig(pool_size=2))
-    runner = runner_for(cfg, policy, chat, tmp_path / "workspaces")  # type: ignore[arg-type]
+    runner = runner_for(cfg, policy, chat, tmp_path / "workspaces")  # type: ignore[arg-type]  # a fake chat format
     tasks = [Task("t0", "task", None), Task("t1", "task", None)]
     episodes = runner.run(RolloutInput(tasks)).episodes
     for ep in episodes:

@@ -8,6 +8,7 @@ submission scoring and failure blame without depending on what a small model wri
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakes import FakeScriptedPolicy
@@ -55,15 +56,27 @@ print("wrote", len(test))
 ```"""
 
 
+def _team(saves_test: bool) -> dict[str, list[str]]:
+    """The scripted team; a Data Engineer that does not save X_test.pkl breaks the run."""
+    save_test = '; Xt.to_pickle("X_test.pkl")' if saves_test else ""
+    return {
+        "data_engineer": [DATA_ENGINEER.format(save_test=save_test), "Done."],
+        "modeler": [MODELER, "Done."],
+        "analyst": [ANALYST, "Done."],
+    }
+
+
 def _runner(
-    tmp_path: Path, tokenizer, scripts: dict[str, list[str]]
-) -> tuple[PipelineRunner, list[AgentConfig]]:  # type: ignore[no-untyped-def]
+    tmp_path: Path, tokenizer: Any, saves_test: bool
+) -> tuple[PipelineRunner, list[AgentConfig]]:
     cfg = load_config(
         REPO / "configs" / "dsbench_cpu.yaml",
         ["sandbox.timeout_s=60", "rollout.max_prompt_tokens=100000"],
     )
     chat = ChatFormat(tokenizer)
-    policy = FakeScriptedPolicy(chat.encode, scripts, [tokenizer.eos_token_id], logprob=-0.1)
+    policy = FakeScriptedPolicy(
+        chat.encode, _team(saves_test), [tokenizer.eos_token_id], logprob=-0.1
+    )
     return runner_for(cfg, policy, chat, tmp_path / "ws"), cfg.agents
 
 
@@ -72,23 +85,14 @@ def _tasks(tmp_path: Path) -> list[Task]:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
+def tokenizer(tiny_model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def test_scripted_good_team_solves_every_generated_task(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    done = "Done."
-    runner, agents = _runner(
-        tmp_path,
-        tokenizer,
-        {
-            "data_engineer": [DATA_ENGINEER.format(save_test='; Xt.to_pickle("X_test.pkl")'), done],
-            "modeler": [MODELER, done],
-            "analyst": [ANALYST, done],
-        },
-    )
+def test_scripted_good_team_solves_every_generated_task(tmp_path: Path, tokenizer: Any) -> None:
+    runner, agents = _runner(tmp_path, tokenizer, saves_test=True)
     tasks = _tasks(tmp_path)
     episodes = runner.run(RolloutInput(tasks)).episodes
     for ep in episodes:
@@ -107,42 +111,26 @@ def test_scripted_good_team_solves_every_generated_task(tmp_path: Path, tokenize
     assert report["regression/successful/rmse_pct_range"] < 30
 
 
-def test_forgetful_data_engineer_is_blamed(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    done = "Done."
-    runner, agents = _runner(
-        tmp_path,
-        tokenizer,
-        {
-            "data_engineer": [DATA_ENGINEER.format(save_test=""), done],
-            "modeler": [MODELER, done],
-            "analyst": [ANALYST, done],
-        },
-    )
+def test_forgetful_data_engineer_is_blamed(tmp_path: Path, tokenizer: Any) -> None:
+    runner, agents = _runner(tmp_path, tokenizer, saves_test=False)
     episodes = runner.run(RolloutInput(_tasks(tmp_path)[:2])).episodes
     for ep in episodes:
         assert not ep.correct and ep.missing_artifacts["data_engineer"] == ["X_test.pkl"]
         analyst = ep.agent_actions("analyst")[0]
         assert "X_test.pkl" in analyst.prompt_text and "missing" in analyst.prompt_text.lower()
         assert "FileNotFoundError" in (analyst.tool_observation or "")
+        assert analyst.tool_status == "error"  # from the sandbox's result, not the text
     report = dsbench_report(episodes, agents)
     assert report["success_rate"] == 0.0
     assert report["failed_runs_broken_by"] == {"data_engineer": 2}
     assert report["classification/fair_accuracy"] == 0.5
 
 
-def test_heldout_eval_reports_dsbench_metrics(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_heldout_eval_reports_dsbench_metrics(tmp_path: Path, tokenizer: Any) -> None:
     from mappa.evaluation import run_heldout
 
     cfg = load_config(REPO / "configs" / "dsbench_cpu.yaml", ["sandbox.timeout_s=60"])
-    runner, _ = _runner(
-        tmp_path,
-        tokenizer,
-        {
-            "data_engineer": [DATA_ENGINEER.format(save_test=""), "Done."],
-            "modeler": [MODELER, "Done."],
-            "analyst": [ANALYST, "Done."],
-        },
-    )
+    runner, _ = _runner(tmp_path, tokenizer, saves_test=False)
     metrics, _, _ = run_heldout(cfg, runner, _tasks(tmp_path)[:1])
     assert metrics["dsbench"]["success_rate"] == 0.0
     assert metrics["dsbench"]["failed_runs_broken_by"] == {"data_engineer": 1}

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from mappa.coach.base import CoachBackend
 from mappa.coach.context import CoachContext
 from mappa.workflow.records import Score
 
@@ -59,7 +60,7 @@ class CachedCoach:
     """Wraps a backend with the cache. ``inner`` may be ``None`` in replay mode."""
 
     def __init__(
-        self, inner: object | None, cache: ScoreCache, namespace: str, replay: bool = False
+        self, inner: CoachBackend | None, cache: ScoreCache, namespace: str, replay: bool = False
     ) -> None:
         if inner is None and not replay:
             raise ValueError("a cached coach needs a backend unless it only replays")
@@ -82,9 +83,11 @@ class CachedCoach:
                 f"replay: {len(misses)} of {len(contexts)} actions are not in {self.cache.path} "
                 f"(first: agent {first.agent}, turn {first.turn}, task {first.task[:60]!r})"
             )
-        out: list[Score] = [replace(s, cached=True) if s else s for s in found]  # type: ignore[misc]
+        out: list[Score | None] = [replace(s, cached=True) if s else None for s in found]
         if misses:
-            fresh = self.inner.score([contexts[i] for i in misses])  # type: ignore[union-attr]
+            if self.inner is None:  # replay mode raised above; only a misconfiguration is left
+                raise CoachCacheMiss(f"{len(misses)} actions not cached and no coach to ask")
+            fresh = self.inner.score([contexts[i] for i in misses])
             for i, s in zip(misses, fresh, strict=True):
                 out[i] = s
             self.cache.put_many(
@@ -94,4 +97,4 @@ class CachedCoach:
                     if s.flag_reason != "unavailable"
                 ]
             )
-        return out
+        return [s for s in out if s is not None]  # every miss was filled: one score each

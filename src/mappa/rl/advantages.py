@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from mappa.rl.core import grouped_whiten, last_token_index, returns_to_go
+from mappa.rl.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -43,26 +44,9 @@ class EstimatorConfig:
 Estimator = Callable[
     [torch.Tensor, torch.Tensor, Groups, EstimatorConfig], tuple[torch.Tensor, torch.Tensor]
 ]
-ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
-
-
-def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
-    def deco(fn: Estimator) -> Estimator:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"estimator {name!r} registered twice")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return deco
-
-
-def get_estimator(name: str) -> Estimator:
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown advantage estimator {name!r}; have {sorted(ADVANTAGE_ESTIMATORS)}"
-        ) from None
+ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
+register_estimator = ADVANTAGE_ESTIMATORS.register
+get_estimator = ADVANTAGE_ESTIMATORS.lookup
 
 
 @register_estimator("reinforce_pp")

@@ -27,35 +27,20 @@ from collections.abc import Callable
 
 import torch
 
+from mappa.rl.registry import Registry
+
 KLEstimator = Callable[[torch.Tensor], torch.Tensor]
 """Per-token estimate of KL(pi || pi_ref) from the (clamped) log-ratio ``d``."""
 
-KL_ESTIMATORS: dict[str, KLEstimator] = {}
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
+register_kl_estimator = KL_ESTIMATORS.register
+get_kl_estimator = KL_ESTIMATORS.lookup
 
 DEFAULT_KL_ESTIMATOR = "k1"
 """The paper's estimator; the default of ``RLConfig.kl_estimator`` and ``LossConfig``."""
 
 LOG_RATIO_CLAMP = 20.0
 K3_CLAMP = 10.0
-
-
-def register_kl_estimator(name: str) -> Callable[[KLEstimator], KLEstimator]:
-    def deco(fn: KLEstimator) -> KLEstimator:
-        if name in KL_ESTIMATORS:
-            raise ValueError(f"KL estimator {name!r} registered twice")
-        KL_ESTIMATORS[name] = fn
-        return fn
-
-    return deco
-
-
-def get_kl_estimator(name: str) -> KLEstimator:
-    try:
-        return KL_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown KL estimator {name!r}; have {', '.join(sorted(KL_ESTIMATORS))}"
-        ) from None
 
 
 @register_kl_estimator("k1")
