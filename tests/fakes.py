@@ -3,14 +3,18 @@
 ``FakeScriptedPolicy`` implements ``mappa.models.interface.SamplingPolicy`` by answering
 each agent's n-th call with a scripted message, so the pipeline runner, sandbox handoff and
 token bookkeeping can be tested without a model deciding what to write. ``FakeCharChat``
-is a chat format whose token ids are character codes.
+is a chat format whose token ids are character codes. ``FakeTablePolicy`` implements
+``TrainablePolicy`` with one trainable logit table per agent, so the update can be checked
+without a model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from mappa.models.interface import Sample
+import torch
+
+from mappa.models.interface import Sample, TokenLogprobs
 
 
 class FakeScriptedPolicy:
@@ -59,3 +63,33 @@ class FakeCharChat:
 
     def tool_turn(self, text: str, completion_ended_with_stop: bool = True) -> list[int]:
         return self.encode(f"\n{text}\n")
+
+
+class FakeTablePolicy:
+    """A ``TrainablePolicy`` fake: log pi(token) = log_softmax(table)[token], one trainable
+    table per agent, all starting at the reference's (``agent=None``) fixed table."""
+
+    def __init__(self, agents: Sequence[str], vocab: int = 8) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.ref = torch.randn(vocab, generator=gen)
+        self.tables = {a: torch.nn.Parameter(self.ref.clone()) for a in agents}
+        self.calls: list[str | None] = []
+
+    def completion_logprobs(
+        self,
+        agent: str | None,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> TokenLogprobs:
+        self.calls.append(agent)
+        lp = torch.log_softmax(
+            (self.ref if agent is None else self.tables[agent]) / temperature, -1
+        )
+        width = max(len(c) for c in completion_ids)
+        out = torch.stack(
+            [torch.cat([lp[list(c)], torch.zeros(width - len(c))]) for c in completion_ids]
+        )
+        entropy = -(lp.exp() * lp).sum().detach().expand_as(out) if with_entropy else None
+        return TokenLogprobs(out, entropy)

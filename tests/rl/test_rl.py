@@ -6,17 +6,16 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from collections.abc import Sequence
 from dataclasses import fields
 from typing import get_args
 
 import pytest
 import torch
+from fakes import FakeTablePolicy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mappa.config import RLConfig
-from mappa.models.interface import TokenLogprobs
 from mappa.rl import (
     get_estimator,
     kl_estimate,
@@ -353,37 +352,7 @@ def test_loss_gradient_equals_reinforce_gradient() -> None:
         assert torch.allclose(a, b, atol=1e-5)
 
 
-class TablePolicy:
-    """A ``TrainablePolicy`` fake: log pi(token) = log_softmax(table)[token], one trainable
-    table per agent, all starting at the reference's (``agent=None``) fixed table."""
-
-    def __init__(self, agents: Sequence[str], vocab: int = 8) -> None:
-        gen = torch.Generator().manual_seed(0)
-        self.ref = torch.randn(vocab, generator=gen)
-        self.tables = {a: torch.nn.Parameter(self.ref.clone()) for a in agents}
-        self.calls: list[str | None] = []
-
-    def completion_logprobs(
-        self,
-        agent: str | None,
-        prompt_ids: Sequence[Sequence[int]],
-        completion_ids: Sequence[Sequence[int]],
-        temperature: float = 1.0,
-        with_entropy: bool = False,
-    ) -> TokenLogprobs:
-        self.calls.append(agent)
-        lp = torch.log_softmax(
-            (self.ref if agent is None else self.tables[agent]) / temperature, -1
-        )
-        width = max(len(c) for c in completion_ids)
-        out = torch.stack(
-            [torch.cat([lp[list(c)], torch.zeros(width - len(c))]) for c in completion_ids]
-        )
-        entropy = -(lp.exp() * lp).sum().detach().expand_as(out) if with_entropy else None
-        return TokenLogprobs(out, entropy)
-
-
-def _episodes(policy: TablePolicy) -> list[Episode]:
+def _episodes(policy: FakeTablePolicy) -> list[Episode]:
     """Two episodes; each action's old log-probs are the reference's plus a known offset, so
     its k1 KL is that offset on every token. b's turn-1 action in e2 is flagged."""
     ref = torch.log_softmax(policy.ref, -1)
@@ -407,7 +376,7 @@ def _episodes(policy: TablePolicy) -> list[Episode]:
 
 
 def test_experience_computes_the_kl_once_and_means_it_per_agent() -> None:
-    policy = TablePolicy(["a", "b"])
+    policy = FakeTablePolicy(["a", "b"])
     items = scored_actions(_episodes(policy), exclude_flagged=True)
     assert [(a.agent, a.turn) for _, a in items] == [("a", 0), ("b", 0), ("a", 0), ("b", 0)]
     exp = make_experience(policy, items, RLConfig(), beta=0.1, temperature=1.0)
@@ -423,7 +392,7 @@ def test_experience_computes_the_kl_once_and_means_it_per_agent() -> None:
 
 
 def test_update_agents_steps_each_agent_and_logs_the_step() -> None:
-    policy = TablePolicy(["a", "b", "c"])
+    policy = FakeTablePolicy(["a", "b", "c"])
     before = {n: t.detach().clone() for n, t in policy.tables.items()}
     optimizers = {n: torch.optim.Adam([t], lr=0.1) for n, t in policy.tables.items()}
     params = {n: [t] for n, t in policy.tables.items()}
