@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,8 @@ from mappa.models.loading import load_base
 from mappa.train import train
 from mappa.workflow.records import read_episodes
 
+AGENTS = ("problem_solver", "code_executor", "verifier")
+
 
 def test_two_steps_change_each_adapter_and_not_the_base(
     tiny_model_dir: Path, tmp_path: Path
@@ -30,9 +31,7 @@ def test_two_steps_change_each_adapter_and_not_the_base(
         n: [p.detach().clone() for p in policies.adapter_parameters(n)] for n in names
     }
 
-    start = time.monotonic()
     run_dir = train(cfg, policies)
-    assert time.monotonic() - start < 60  # the issue's acceptance bound, far above typical
 
     for name, tensor in policies.base_parameters().items():
         assert torch.equal(tensor, base_before[name]), f"base weight {name} changed"
@@ -94,7 +93,58 @@ def test_alternative_estimators_train_end_to_end(
     cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.steps=1", *overrides)
     run_dir = train(cfg)
     [m] = read_jsonl(run_dir / "metrics.jsonl")
-    for n in ("problem_solver", "code_executor", "verifier"):
+    for n in AGENTS:
         assert m[f"rl/{n}/tokens"] > 0 and math.isfinite(m[f"rl/{n}/loss"])
         assert math.isfinite(m[f"rl/{n}/entropy"]) and m[f"rl/{n}/entropy"] > 0
         assert (run_dir / "adapters" / n / "adapter_model.safetensors").is_file()
+
+
+def test_cli_run_ends_with_a_summary_and_adapters_travel(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`mappa train` ends with the readable summary; an adapter copied elsewhere reattaches to
+    the base its config names, and `mappa eval --adapters RUN` needs no other flag."""
+    import shutil
+
+    import yaml
+    from peft import PeftModel
+
+    from mappa.cli import main
+
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    assert main(["train", "--config", str(config)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    summary = out[out.index(next(line for line in out if line.startswith("mappa: 2 step(s)"))) :]
+    assert summary[1] == "  coach score 0-10, step 0 -> step 1, and actions trained:"
+    for agent, line in zip(AGENTS, summary[2:5], strict=True):
+        assert line.split()[0] == agent and " -> " in line and line.endswith("trained")
+        assert int(line.split()[-2]) > 0  # actions trained on over the run
+    assert summary[5].startswith("  accuracy (training rollouts): ")
+    assert f"evaluate: mappa eval --adapters {tmp_path / 'run'}" in summary[-1]
+
+    adapter = tmp_path / "elsewhere" / "verifier"
+    shutil.copytree(tmp_path / "run" / "adapters" / "verifier", adapter)
+    named = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert named == str(tiny_model_dir)  # the name the user gave, not a cache path
+    base, _ = load_base(named, dtype="float32", device="cpu")
+    moved = PeftModel.from_pretrained(base, adapter).eval()
+    base2, _ = load_base(named, dtype="float32", device="cpu")
+    original = PeftModel.from_pretrained(base2, tmp_path / "run" / "adapters" / "verifier").eval()
+    ids = torch.tensor([[1, 5, 9, 12, 3]])
+    with torch.no_grad():
+        assert torch.equal(moved(input_ids=ids).logits, original(input_ids=ids).logits)
+
+    evaluated = tmp_path / "eval"
+    args = [
+        "eval",
+        "--adapters",
+        str(tmp_path / "run"),
+        "--out",
+        str(evaluated),
+        "eval.num_tasks=2",
+    ]
+    assert main(args) == 0
+    result = json.loads((evaluated / "eval.json").read_text())
+    assert result["adapters"] == str(tmp_path / "run" / "adapters") and result["tasks"] == 2

