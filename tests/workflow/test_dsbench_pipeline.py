@@ -56,18 +56,18 @@ print("wrote", len(test))
 ```"""
 
 
-def _team(saves_test: bool) -> dict[str, list[str]]:
+def _team(saves_test: bool, analyst: list[str] | None = None) -> dict[str, list[str]]:
     """The scripted team; a Data Engineer that does not save X_test.pkl breaks the run."""
     save_test = '; Xt.to_pickle("X_test.pkl")' if saves_test else ""
     return {
         "data_engineer": [DATA_ENGINEER.format(save_test=save_test), "Done."],
         "modeler": [MODELER, "Done."],
-        "analyst": [ANALYST, "Done."],
+        "analyst": analyst or [ANALYST, "Done."],
     }
 
 
 def _runner(
-    tmp_path: Path, tokenizer: Any, saves_test: bool
+    tmp_path: Path, tokenizer: Any, saves_test: bool, analyst: list[str] | None = None
 ) -> tuple[PipelineRunner, list[AgentConfig]]:
     cfg = load_config(
         REPO / "configs" / "dsbench_cpu.yaml",
@@ -75,7 +75,7 @@ def _runner(
     )
     chat = ChatFormat(tokenizer)
     policy = FakeScriptedPolicy(
-        chat.encode, _team(saves_test), [tokenizer.eos_token_id], logprob=-0.1
+        chat.encode, _team(saves_test, analyst), [tokenizer.eos_token_id], logprob=-0.1
     )
     return runner_for(cfg, policy, chat, tmp_path / "ws"), cfg.agents
 
@@ -134,3 +134,20 @@ def test_heldout_eval_reports_dsbench_metrics(tmp_path: Path, tokenizer: Any) ->
     metrics, _, _ = run_heldout(cfg, runner, _tasks(tmp_path)[:1])
     assert metrics["dsbench"]["success_rate"] == 0.0
     assert metrics["dsbench"]["failed_runs_broken_by"] == {"data_engineer": 1}
+
+
+def test_each_analyst_turn_is_judged_on_the_submission_as_it_stood(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """An early turn that wrote nothing is not credited with a later turn's submission."""
+    from mappa.coach import build_context
+
+    look = "```python\nimport os\nprint(sorted(os.listdir('.')))\n```"
+    runner, agents = _runner(tmp_path, tokenizer, saves_test=True, analyst=[look, ANALYST])
+    [episode] = runner.run(RolloutInput(_tasks(tmp_path)[:1])).episodes
+    first, second = episode.agent_actions("analyst")
+    roles = {a.name: a.role for a in agents}
+    early = build_context(episode, first, roles, "analyst").ground_truth or ""
+    late = build_context(episode, second, roles, "analyst").ground_truth or ""
+    assert episode.correct and "no valid submission" in early, early
+    assert late == episode.coach_reference and "no valid submission" not in late, late

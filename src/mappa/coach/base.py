@@ -28,7 +28,8 @@ def build_context(
     show_ground_truth: bool = True,
     output_limit: int | None = None,
 ) -> CoachContext:
-    """The coach's view of one action; the reference answer only for the final agent."""
+    """The coach's view of one action; the reference only for the final agent: the answer
+    (MathChat), or the outcome as it stood right after this action (DSBench)."""
     is_final = action.agent == final_agent
     obs = action.tool_observation
     return CoachContext(
@@ -43,7 +44,7 @@ def build_context(
         output=action.completion_text,
         observation=None if obs is None else cut_middle(obs, observation_chars),
         is_final=is_final,
-        ground_truth=(episode.coach_reference or episode.answer)
+        ground_truth=(action.coach_reference or episode.coach_reference or episode.answer)
         if (is_final and show_ground_truth)
         else None,
         files=action.workspace_files,

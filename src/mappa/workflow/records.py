@@ -61,6 +61,7 @@ class Action:
     tool_observation: str | None = None
     tool_status: ToolStatus | None = None  # None: the action ran no code
     workspace_files: str | None = None  # the shared workspace after this action, with provenance
+    coach_reference: str | None = None  # the outcome as of this action (DSBench final agent)
     coach: Score | None = None
 
     @property

@@ -28,6 +28,7 @@ from mappa.sandbox import (
     cut_middle,
     extract_code_blocks,
 )
+from mappa.tasks import Task
 from mappa.workflow.chat import ChatFormat
 from mappa.workflow.interface import Phase, RolloutInput, RolloutOutput, SamplingParams
 from mappa.workflow.outcome import judge
@@ -121,7 +122,8 @@ class PipelineRunner:
                 workspace = self.workspaces[ep.episode_id]
                 f["files"] = workspace.describe()
                 f["file_warnings"] = _missing_note(self._missing(workspace, self.agents[:k]))
-            self._run_agent(agent, episodes, fields, params)
+            final_stage = k == len(self.agents) - 1
+            self._run_agent(agent, episodes, fields, params, tasks if final_stage else None)
             for ep in episodes:  # an agent acts in one stage only: its interpreters can go
                 self.sandbox.end(self.workspaces[ep.episode_id], agent.name)
         final = self.agents[-1].name
@@ -155,7 +157,12 @@ class PipelineRunner:
         episodes: list[Episode],
         fields: list[dict[str, str]],
         params: SamplingParams,
+        judged: Sequence[Task] | None = None,
     ) -> None:
+        """One agent's tool loop over all episodes. ``judged``: the tasks, when this is the
+        final agent of modeling tasks, whose every action is judged against the workspace as
+        it stands right after that action (so an early turn is not credited or blamed for
+        a submission a later turn wrote)."""
         slots = []
         for f in fields:
             prompt = self.chat.first_prompt(agent.role, agent.input_template.format(**f))
@@ -200,6 +207,7 @@ class PipelineRunner:
                             if agent.run_code
                             else None
                         ),
+                        coach_reference=self._reference_now(judged, i, episodes[i], text),
                     )
                 )
                 slot = slots[i]
@@ -227,6 +235,15 @@ class PipelineRunner:
                 if slot.observation is not None
                 else self.workflow.no_code_observation
             )
+
+    def _reference_now(
+        self, judged: Sequence[Task] | None, i: int, episode: Episode, text: str
+    ) -> str | None:
+        """What the coach may see of this action's outcome, judged now (modeling tasks only)."""
+        if judged is None or judged[i].dsbench is None:
+            return None
+        workspace = self.workspaces[episode.episode_id].path
+        return judge(judged[i], text, workspace, self.answer_format, self.grade_timeout_s).reference
 
     def _execute_all(
         self, episode_ids: list[str], texts: list[str], agent: AgentConfig, turn: int
