@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from mappa.config import LoraConfig as LoraSettings
 from mappa.models.interface import Sample, TokenLogprobs
@@ -40,14 +41,76 @@ def left_pad(
     return ids.to(device), mask.to(device), positions.to(device)
 
 
-def _left_align(x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
-    """Rows whose last ``n`` entries are real (left padding) -> real entries first, zero padded."""
-    out = torch.zeros_like(x)
-    width = x.shape[1]
-    for row, n in enumerate(lengths):
-        if n:
-            out[row, :n] = x[row, width - n :]
-    return out
+LOGPROB_CHUNK_TOKENS = 512
+"""Completion tokens projected onto the vocabulary at once in ``completion_logprobs``: peak
+memory holds a few ``chunk x V`` float32 tensors (about 0.3 GB each for a 152k vocabulary)
+instead of ``B x T_c x V``."""
+
+
+def _chunk_logprobs(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+    entropy_out: list[torch.Tensor] | None,
+) -> torch.Tensor:
+    """Log-prob of ``targets`` (N,) given final hidden states (N, H); the entropy of each
+    distribution goes to ``entropy_out`` (no grad: it is only a statistic). Under a
+    checkpoint this runs again in the backward pass, which must not append a second entropy.
+    """
+    logits = head(hidden)
+    if softcap is not None:  # Gemma-2 style final-logit soft-capping, as the model's forward
+        logits = torch.tanh(logits / softcap) * softcap
+    dist = F.log_softmax(logits.float() / temperature, dim=-1)
+    if entropy_out is not None and not entropy_out:
+        with torch.no_grad():
+            entropy_out.append(-(dist.exp() * dist).sum(-1))
+    return dist.gather(-1, targets[:, None]).squeeze(-1)
+
+
+def token_logprobs(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (N,) and entropies of ``head(hidden)``, ``chunk_tokens`` rows at a time.
+
+    The vocabulary-sized tensors exist for one chunk only: with grad enabled each chunk is
+    checkpointed, so the backward pass recomputes that chunk's logits instead of keeping
+    them, and the log-probs stay differentiable w.r.t. ``hidden`` (and the head's weights).
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    logps, entropies = [], []
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        h, t = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]
+        out: list[torch.Tensor] | None = [] if with_entropy else None
+        args = (head, h, t, temperature, softcap, out)
+        lp = (
+            checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+            if grad
+            else _chunk_logprobs(*args)
+        )
+        logps.append(lp)
+        if out:
+            entropies.append(out[0])
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    logp = torch.cat(logps) if logps else empty
+    entropy = (torch.cat(entropies) if entropies else empty) if with_entropy else None
+    return logp, entropy
+
+
+def _final_logit_softcap(model: Any) -> float | None:
+    cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    return float(cap) if cap else None
 
 
 def _stop_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -170,7 +233,15 @@ class AgentPolicies:
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
         done = torch.zeros(len(prompts), dtype=torch.bool, device=self.device)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        # Prefill: only the last position's logits are needed (logits_to_keep=1); a long
+        # prompt must not hold a vocabulary-sized row per token.
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         next_pos = positions[:, -1:] + 1
         for _ in range(max_new_tokens):
             logp = F.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
@@ -188,6 +259,7 @@ class AgentPolicies:
                 position_ids=next_pos,
                 cache=out.cache,
                 use_cache=True,
+                logits_to_keep=1,
             )
             next_pos = next_pos + 1
 
@@ -202,6 +274,9 @@ class AgentPolicies:
         return samples
 
     # ----------------------------------------------------------------- scoring
+    logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+    """Completion tokens per vocabulary projection in ``completion_logprobs`` (bounds memory)."""
+
     def completion_logprobs(
         self,
         agent: str | None,
@@ -213,24 +288,40 @@ class AgentPolicies:
         """Log-probs (and optionally entropies) of each completion token, ``(B, max_len)``.
 
         Differentiable when called with grad enabled; use ``agent=None`` for the reference.
-        Only completion positions are projected to log-probs, bounding memory by B x T_c x V.
+        The decoder runs once over the whole batch; only the final hidden states of real
+        completion tokens are projected onto the vocabulary, ``logprob_chunk_tokens`` at a
+        time (see ``token_logprobs``), so no ``B x T_c x V`` tensor is ever held. The
+        entropy is computed without grad.
         """
-        seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
-        tc = max(len(c) for c in completion_ids)
-        ids, mask, positions = left_pad(seqs, self.tokenizer.pad_token_id, self.device)
-        with self.use(agent):
-            # Left padding puts every completion at the end: the last tc+1 positions predict
-            # the last tc tokens, so only those logits are ever materialised.
-            logits = self.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=tc + 1
-            ).logits[:, :-1]
-        dist = F.log_softmax(logits.float() / temperature, dim=-1)
-        logp = dist.gather(-1, ids[:, -tc:, None]).squeeze(-1)
-        entropy = -(dist.exp() * dist).sum(-1) if with_entropy else None
         lengths = [len(c) for c in completion_ids]
-        return TokenLogprobs(
-            _left_align(logp, lengths), None if entropy is None else _left_align(entropy, lengths)
-        )
+        seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+        tc = max(lengths)
+        # (B, tc) masks over the completion columns: ``real`` in the left-padded layout
+        # (completions end at the last column), ``first`` in the returned left-aligned one.
+        col = torch.arange(tc, device=self.device)
+        n = torch.tensor(lengths, device=self.device).unsqueeze(-1)
+        real, first = col >= tc - n, col < n
+        ids, mask, positions = left_pad(seqs, self.tokenizer.pad_token_id, self.device)
+        causal_lm: Any = self.model.get_base_model()
+        with self.use(agent):
+            # The last tc+1 positions predict the last tc tokens (left padding).
+            hidden = causal_lm.get_decoder()(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+            ).last_hidden_state[:, -tc - 1 : -1]
+            logp, entropy = token_logprobs(
+                causal_lm.get_output_embeddings(),
+                hidden[real],
+                ids[:, ids.shape[1] - tc :][real],  # not -tc: tc may be 0
+                temperature,
+                with_entropy,
+                self.logprob_chunk_tokens,
+                _final_logit_softcap(causal_lm),
+            )
+
+        def aligned(x: torch.Tensor) -> torch.Tensor:  # row-major order is kept by both masks
+            return torch.zeros(len(seqs), tc, device=self.device).masked_scatter(first, x)
+
+        return TokenLogprobs(aligned(logp), None if entropy is None else aligned(entropy))
 
     # ----------------------------------------------------------------- persistence
     def save(self, directory: Path) -> dict[str, Path]:

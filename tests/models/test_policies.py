@@ -1,0 +1,158 @@
+"""AgentPolicies at long lengths: the prefill projects only the last position onto the
+vocabulary, and completion log-probs are computed in chunks that match the unchunked
+computation (values and gradients) while no ``B x T_c x V`` tensor is ever built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mappa.config import LoraConfig
+from mappa.models.loading import load_base
+from mappa.models.policies import AgentPolicies, left_pad, token_logprobs
+
+
+@pytest.fixture(scope="module")
+def policies(tiny_model_dir: Path) -> AgentPolicies:
+    base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
+    pol = AgentPolicies(base, tok, ["solver", "checker"], LoraConfig())
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # LoRA B starts at zero; make the adapters (and their grads) matter
+        for name, p in pol.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return pol
+
+
+def _prompts_and_completions(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
+    gen = torch.Generator().manual_seed(1)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, vocab, (n,), generator=gen).tolist()
+
+    return [ids(9), ids(4), ids(12)], [ids(7), ids(1), ids(11)]
+
+
+def _full_logits_reference(
+    pol: AgentPolicies, agent: str, prompts: list[list[int]], completions: list[list[int]]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The unchunked computation: every position's logits, one log_softmax over all of them."""
+    seqs = [p + c for p, c in zip(prompts, completions, strict=True)]
+    ids, mask, pos = left_pad(seqs, pol.tokenizer.pad_token_id, pol.device)
+    with pol.use(agent):
+        logits = pol.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    dist = F.log_softmax(logits[:, :-1].float() / 0.7, dim=-1)
+    logp = dist.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    ent = -(dist.exp() * dist).sum(-1)
+    return (
+        [logp[row, -len(c) :] for row, c in enumerate(completions)],
+        [ent[row, -len(c) :] for row, c in enumerate(completions)],
+    )
+
+
+def test_prefill_projects_only_the_last_position(policies: AgentPolicies) -> None:
+    calls: list[tuple[int, Any, tuple[int, ...]]] = []
+
+    def record(module: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        calls.append((kwargs["input_ids"].shape[1], kwargs.get("logits_to_keep"), out.logits.shape))
+
+    prompts, _ = _prompts_and_completions(len(policies.tokenizer))
+    prompts = [p * 20 for p in prompts]  # a long-ish prompt: the prefill sees up to 240 tokens
+    causal_lm = policies.model.get_base_model()
+    handle = causal_lm.register_forward_hook(record, with_kwargs=True)
+    try:
+        torch.manual_seed(0)
+        policies.generate("solver", prompts, max_new_tokens=3)
+    finally:
+        handle.remove()
+    assert calls[0][0] == 240  # the prefill ...
+    assert all(keep == 1 for _, keep, _ in calls)  # ... and every step ask for one position
+    assert all(shape == (3, 1, len(policies.tokenizer)) for _, _, shape in calls)
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_chunked_logprobs_match_unchunked_values_and_gradients(
+    policies: AgentPolicies, with_entropy: bool
+) -> None:
+    prompts, completions = _prompts_and_completions(len(policies.tokenizer))
+    params = policies.adapter_parameters("solver")
+    weights = torch.linspace(0.5, 1.5, 11)
+
+    def run(chunk: int | None) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+        for p in params:
+            p.grad = None
+        if chunk is None:  # the old way: all positions' logits at once
+            lp_rows, ent_rows = _full_logits_reference(policies, "solver", prompts, completions)
+            logp = torch.zeros(3, 11)
+            ent = torch.zeros(3, 11)
+            for row, (lp, e) in enumerate(zip(lp_rows, ent_rows, strict=True)):
+                logp[row, : len(lp)] = lp
+                ent[row, : len(e)] = e.detach()
+            entropy: torch.Tensor | None = ent if with_entropy else None
+        else:
+            policies.logprob_chunk_tokens = chunk
+            try:
+                logp, entropy = policies.completion_logprobs(
+                    "solver", prompts, completions, temperature=0.7, with_entropy=with_entropy
+                )
+            finally:
+                del policies.logprob_chunk_tokens  # back to the class default
+        (logp * weights).sum().backward()
+        return logp.detach(), entropy, [p.grad.clone() for p in params if p.grad is not None]
+
+    ref_logp, ref_ent, ref_grads = run(None)
+    assert len(ref_grads) == len(params) and any(g.abs().sum() > 0 for g in ref_grads)
+    for chunk in (1, 3, 4096):
+        logp, entropy, grads = run(chunk)
+        assert logp.shape == (3, 11)
+        torch.testing.assert_close(logp, ref_logp, atol=1e-6, rtol=0)
+        assert logp[1, 1:].abs().sum() == 0  # padding after a 1-token completion stays 0
+        assert len(grads) == len(ref_grads)
+        for g, r in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(g, r, atol=1e-6, rtol=1e-5)
+        if with_entropy:
+            assert entropy is not None and ref_ent is not None
+            assert not entropy.requires_grad  # a statistic: no graph kept for it
+            # ~log V summed over V terms: float32 rounding is relative here
+            torch.testing.assert_close(entropy, ref_ent, atol=1e-6, rtol=1e-6)
+        else:
+            assert entropy is None
+
+
+def test_vocabulary_projection_never_sees_more_than_a_chunk(policies: AgentPolicies) -> None:
+    prompts, completions = _prompts_and_completions(len(policies.tokenizer))
+    rows: list[int] = []
+    head = policies.model.get_base_model().get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
+    policies.logprob_chunk_tokens = 4
+    try:
+        logp, _ = policies.completion_logprobs("solver", prompts, completions, with_entropy=True)
+        logp.sum().backward()  # the backward recomputes each chunk's logits
+    finally:
+        handle.remove()
+        del policies.logprob_chunk_tokens
+    # 19 real completion tokens (padding is never projected): 4+4+4+4+3, in the forward
+    # and again (in reverse) in the backward.
+    assert rows == [4, 4, 4, 4, 3] + [3, 4, 4, 4, 4]
+
+
+def test_reference_and_no_grad_and_empty_completions(policies: AgentPolicies) -> None:
+    prompts, completions = _prompts_and_completions(len(policies.tokenizer))
+    with torch.no_grad():
+        ref = policies.completion_logprobs(None, prompts, completions).logprobs
+        mine = policies.completion_logprobs("solver", prompts, completions).logprobs
+    assert not ref.requires_grad and ref.shape == mine.shape == (3, 11)
+    assert not torch.allclose(ref, mine)  # adapters off vs on
+    empty = policies.completion_logprobs("solver", prompts, [[], [], []], with_entropy=True)
+    assert empty.logprobs.shape == (3, 0) and empty.entropy is not None
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        token_logprobs(
+            torch.nn.Linear(2, 3),
+            torch.zeros(1, 2),
+            torch.zeros(1, dtype=torch.long),
+            chunk_tokens=0,
+        )
