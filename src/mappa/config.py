@@ -333,6 +333,21 @@ class RLConfig(_Strict):
         True, description="Leave completions cut at max_new_tokens out of the loss."
     )
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward pass.")
+    whiten_eps: float = Field(
+        1e-4,
+        gt=0.0,
+        description="Floor of the std that whitening (and GRPO) divides by: advantages = "
+        "centered / max(std, whiten_eps). 1e-4 is the scale of verl's and OpenRLHF's variance "
+        "floor (1e-8), a thousandth of a coach point in reward units. A scope whose scalar "
+        "rewards are all equal is never divided (docs/algorithm.md §4).",
+    )
+    tis_cap: float | None = Field(
+        2.0,
+        ge=1.0,
+        description="Truncated importance sampling: each token's loss is weighted by "
+        "min(exp(log pi_old - log pi_sample), tis_cap), pi_old recomputed in the training "
+        "layout, pi_sample the sampling log-probs (verl's default cap 2). null: no correction.",
+    )
 
 
 class SandboxConfig(_Strict):

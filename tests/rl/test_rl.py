@@ -26,7 +26,12 @@ from mappa.rl import (
 )
 from mappa.rl.advantages import EstimatorConfig, Groups
 from mappa.rl.core import grouped_whiten
-from mappa.rl.experience import build_batch, make_experience, scored_actions
+from mappa.rl.experience import (
+    build_batch,
+    check_group_sizes,
+    make_experience,
+    scored_actions,
+)
 from mappa.rl.kl import (
     DEFAULT_KL_ESTIMATOR,
     K3_CLAMP,
@@ -156,47 +161,123 @@ def test_reinforce_pp_whitens_the_batch_and_ignores_truncated_rows() -> None:
     loss_mask = valid.clone()
     loss_mask[2] = 0.0  # a truncated completion: masked out of whitening and loss
     r = token_rewards(rewards, kl, valid, beta=0.1)
-    adv, ret = get_estimator("reinforce_pp")(r, loss_mask, groups([0.8, 0.3, 0.9]), CFG)
+    est = get_estimator("reinforce_pp")(r, loss_mask, groups([0.8, 0.3, 0.9]), CFG)
     # values 0.78 0.79 0.77 0.25 0.30: mean 2.89/5=0.578; squared deviations
     # .040804+.044944+.036864+.107584+.077284=.30748; var=.30748/4=.07687; std=.277254
     std = math.sqrt(0.30748 / 4)
     expected = torch.tensor([[0.202, 0.212, 0.192], [-0.328, -0.278, 0.0], [0.0, 0.0, 0.0]]) / std
-    assert torch.allclose(adv, expected, atol=1e-5)
-    assert torch.allclose(ret[1], torch.tensor([0.25, 0.3, 0.0]), atol=1e-6)
+    assert torch.allclose(est.advantages, expected, atol=1e-5)
+    assert torch.allclose(est.returns[1], torch.tensor([0.25, 0.3, 0.0]), atol=1e-6)
+    assert est.signal.tolist() == [True, True, False]  # the masked row is not trained
+    assert est.counts == {"unwhitened_scopes": 0}
+
+
+def test_reinforce_pp_leaves_a_scope_of_equal_rewards_unwhitened() -> None:
+    # scope 0: rewards 0.5, 0.5 (a tie: no signal) ; scope 1: 0.8, 0.3 (signal)
+    r = token_rewards(
+        torch.tensor([0.5, 0.5, 0.8, 0.3]), torch.cat([KL, KL]), torch.cat([MASK, MASK]), 0.1
+    )
+    mask = torch.cat([MASK, MASK])
+    est = get_estimator("reinforce_pp")(
+        r, mask, groups([0.5, 0.5, 0.8, 0.3], scope=[0, 0, 1, 1]), CFG
+    )
+    # scope 0 returns: row0 -0.01+0.02-0.03+0.5=0.48, 0.49, 0.47 ; row1 0.45, 0.5
+    # mean 2.39/5 = 0.478 ; centered only: .002 .012 -.008 | -.028 .022 (never / std=.0195)
+    expected0 = torch.tensor([[0.002, 0.012, -0.008], [-0.028, 0.022, 0.0]])
+    assert torch.allclose(est.advantages[:2], expected0, atol=1e-6)
+    # scope 1 is whitened as in the test above (same returns as rows 0-1 there)
+    std = math.sqrt(0.30748 / 4)
+    expected1 = torch.tensor([[0.202, 0.212, 0.192], [-0.328, -0.278, 0.0]]) / std
+    assert torch.allclose(est.advantages[2:], expected1, atol=1e-5)
+    assert est.signal.tolist() == [False, False, True, True]
+    assert est.counts == {"unwhitened_scopes": 1}
 
 
 def test_outcome_only_replaces_the_reward_by_the_outcome() -> None:
     r = token_rewards(REWARDS, KL, MASK, beta=0.1)
-    adv, ret = get_estimator("outcome_only")(r, MASK, groups([0.8, 0.3], outcomes=[0.0, 1.0]), CFG)
+    est = get_estimator("outcome_only")(r, MASK, groups([0.8, 0.3], outcomes=[0.0, 1.0]), CFG)
     # row0 tokens -0.01, 0.02, -0.03+0 -> returns -0.02, -0.01, -0.03
     # row1 tokens -0.05, 0+1.0 -> returns 0.95, 1.0
-    assert torch.allclose(ret, torch.tensor([[-0.02, -0.01, -0.03], [0.95, 1.0, 0.0]]), atol=1e-6)
+    expected_ret = torch.tensor([[-0.02, -0.01, -0.03], [0.95, 1.0, 0.0]])
+    assert torch.allclose(est.returns, expected_ret, atol=1e-6)
     # mean 1.89/5=0.378; squared deviations .158404+.150544+.166464+.327184+.386884=1.18948
     # var 1.18948/4=0.29737; std 0.545316
     std = math.sqrt(1.18948 / 4)
     expected = torch.tensor([[-0.398, -0.388, -0.408], [0.572, 0.622, 0.0]]) / std
-    assert torch.allclose(adv, expected, atol=1e-5)
+    assert torch.allclose(est.advantages, expected, atol=1e-5)
+    # every outcome 0: no signal, and the KL-only returns are only centered
+    flat = get_estimator("outcome_only")(r, MASK, groups([0.8, 0.3], outcomes=[0.0, 0.0]), CFG)
+    assert flat.signal.tolist() == [False, False] and flat.counts == {"unwhitened_scopes": 1}
+    # returns -0.02 -0.01 -0.03 | -0.05 0.0 ; mean -0.022 ; centered .002 .012 -.008 | -.028 .022
+    expected_flat = torch.tensor([[0.002, 0.012, -0.008], [-0.028, 0.022, 0.0]])
+    assert torch.allclose(flat.advantages, expected_flat, atol=1e-6)
 
 
-def test_grpo_group_mean_and_std() -> None:
+# Four rows for the group baselines: completion lengths 3, 2, 2, 1; per-token KL k(t); beta 0.1.
+G_KL = torch.tensor([[0.1, -0.2, 0.3], [0.5, 0.0, 9.9], [0.2, 0.2, 0.0], [1.0, 0.0, 0.0]])
+G_MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+
+
+def test_grpo_token_rewards_keep_the_kl_penalty_and_gamma() -> None:
+    rewards = [0.9, 0.3, 0.5, 0.5]  # group 0: rows 0, 1 ; group 1: rows 2, 3 (a tie)
+    r = token_rewards(torch.tensor(rewards), G_KL, G_MASK, beta=0.1)
+    # token rewards -0.1*k, + R on the last token:
+    #   row0 -0.01, 0.02, -0.03+0.9 ; row1 -0.05, 0+0.3 ; row2 -0.02, -0.02+0.5 ; row3 -0.1+0.5
+    g = groups(rewards, prompt=[0, 0, 1, 1])
+    est = get_estimator("grpo")(r, G_MASK, g, CFG)
+    # group 0: mean 0.6, unbiased std sqrt((.09+.09)/1)=.424264 -> A = +-0.3/.424264 = +-.707107
+    # group 1: rewards tie -> exactly 0. The adjusted scalar replaces R on the last token:
+    #   row0 -0.01, 0.02, -0.03+.707107=.677107 ; row1 -0.05, -.707107 ; row2 -0.02, -0.02 ;
+    #   row3 -0.1. Return-to-go (gamma 1), and advantages = returns (no whitening):
+    a = 0.70710678
+    expected = torch.tensor(
+        [
+            [-0.01 + 0.02 - 0.03 + a, 0.02 - 0.03 + a, -0.03 + a],  # .687107 .697107 .677107
+            [-0.05 - a, -a, 0.0],  # -.757107 -.707107
+            [-0.04, -0.02, 0.0],
+            [-0.1, 0.0, 0.0],
+        ]
+    )
+    assert torch.allclose(est.advantages, expected, atol=1e-6)
+    assert torch.equal(est.returns, est.advantages)
+    assert est.signal.tolist() == [True, True, False, False]
+    assert est.counts == {"flat_groups": 1, "singleton_groups": 0}
+    # gamma 0.5, row0: t2 = .677107 ; t1 = 0.02 + 0.5*.677107 = .358554 ;
+    # t0 = -0.01 + 0.5*.358554 = .169277
+    half = get_estimator("grpo")(r, G_MASK, g, EstimatorConfig(gamma=0.5))
+    assert torch.allclose(
+        half.advantages[0], torch.tensor([0.169277, 0.358554, 0.677107]), atol=1e-6
+    )
+
+
+def test_rloo_token_rewards_keep_the_kl_penalty() -> None:
+    rewards = [0.8, 0.2, 0.5, 0.7]  # group 0: rows 0-2 ; row 3 alone
+    kl = torch.tensor([[0.1, 0.3], [0.2, 0.0], [-0.4, 0.0], [0.5, 0.5]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    r = token_rewards(torch.tensor(rewards), kl, mask, beta=0.1)
+    # token rewards: row0 -0.01, -0.03+0.8 ; row1 -0.02+0.2 ; row2 0.04, 0+0.5 ;
+    # row3 -0.05, -0.05+0.7
+    est = get_estimator("rloo")(r, mask, groups(rewards, prompt=[0, 0, 0, 1]), CFG)
+    # leave-one-out: .8-(.2+.5)/2=.45 ; .2-(.8+.5)/2=-.45 ; .5-(.8+.2)/2=0 ; a group of one: 0
+    # shaped: row0 -0.01, -0.03+.45=.42 ; row1 -0.02-.45=-.47 ; row2 0.04, 0 ; row3 -0.05, -0.05
+    # returns: row0 .41 .42 ; row1 -.47 ; row2 .04 0 ; row3 -.1 -.05
+    expected = torch.tensor([[0.41, 0.42], [-0.47, 0.0], [0.04, 0.0], [-0.1, -0.05]])
+    assert torch.allclose(est.advantages, expected, atol=1e-6)
+    assert est.signal.tolist() == [True, True, True, False]  # row2's group has spread
+    assert est.counts == {"flat_groups": 0, "singleton_groups": 1}
+
+
+def test_group_estimators_without_kl_are_the_textbook_ones() -> None:
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
-    g = groups([0.8, 0.2, 0.5, 0.9, 0.4], prompt=[0, 0, 1, 1, 2])
-    adv, ret = get_estimator("grpo")(torch.zeros(5, 2), mask, g, CFG)
+    rewards = [0.8, 0.2, 0.5, 0.9, 0.4]
+    g = groups(rewards, prompt=[0, 0, 1, 1, 2])
+    r = token_rewards(torch.tensor(rewards), torch.zeros(5, 2), mask, beta=0.0)
+    adv = get_estimator("grpo")(r, mask, g, CFG).advantages
     # group0 [.8,.2]: mean .5, unbiased std sqrt(.18)=.424264 -> +-.3/.424264 = +-.707107
     # group1 [.5,.9]: mean .7, std sqrt(.08)=.282843 -> -+.2/.282843 = -+.707107 ; group2 alone: 0
     a = 0.70710678
     expected = torch.tensor([[a, a], [-a, 0.0], [-a, -a], [a, a], [0.0, 0.0]])
     assert torch.allclose(adv, expected, atol=1e-5)
-    assert torch.allclose(ret[:, 0], torch.tensor([0.8, 0.2, 0.5, 0.9, 0.4]))
-
-
-def test_rloo_leave_one_out() -> None:
-    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
-    g = groups([0.8, 0.2, 0.5, 0.7], prompt=[0, 0, 0, 1])
-    adv, _ = get_estimator("rloo")(torch.zeros(4, 2), mask, g, CFG)
-    # .8-(.2+.5)/2=.45 ; .2-(.8+.5)/2=-.45 ; .5-(.8+.2)/2=0 ; a group of one: 0
-    expected = torch.tensor([[0.45, 0.45], [-0.45, 0.0], [0.0, 0.0], [0.0, 0.0]])
-    assert torch.allclose(adv, expected, atol=1e-6)
 
 
 def test_whitening_scopes() -> None:
@@ -210,6 +291,9 @@ def test_whitening_scopes() -> None:
     # mean 2.75; squared deviations 3.0625+.5625+.0625+5.0625=8.75; var 8.75/3; std 1.707825
     s = math.sqrt(8.75 / 3)
     assert torch.allclose(pooled, torch.tensor([[-1.75, -0.75], [0.25, 2.25]]) / s, atol=1e-5)
+    # a group with no row marked is centered, not divided: [1,2] -> -.5, .5
+    part = grouped_whiten(x, ones, torch.tensor([0, 1]), divide=torch.tensor([False, True]))
+    assert torch.allclose(part, torch.tensor([[-0.5, 0.5], [-a, a]]), atol=1e-5)
 
 
 def _item(
@@ -219,8 +303,9 @@ def _item(
     score: float,
     correct: bool | None,
     truncated: bool = False,
+    task: str = "t",
 ) -> tuple[Episode, Action]:
-    ep = Episode("e", task_id, "t", "1", task_type=task_type, correct=correct)
+    ep = Episode("e", task_id, task, "1", task_type=task_type, correct=correct)
     act = Action(
         "e",
         agent,
@@ -242,46 +327,78 @@ def test_build_batch_scopes_groups_rewards_and_truncation() -> None:
         _item("a", "y", "t1", 2.0, False),
         _item("b", "x", "t1", 6.0, None, truncated=True),
         _item("b", "x", "t2", 4.0, True),
+        _item("a", "x", "t1", 5.0, True),
     ]
 
     def scope(name: str) -> list[int]:
         cfg = RLConfig.model_validate({"norm_scope": name})
         return build_batch(items, cfg).groups.scope.tolist()
 
-    assert scope("agent") == [0, 0, 1, 1]
-    assert scope("global") == [0, 0, 0, 0]
-    assert scope("agent_tasktype") == [0, 1, 2, 2]
+    assert scope("agent") == [0, 0, 1, 1, 0]
+    assert scope("global") == [0, 0, 0, 0, 0]
+    assert scope("agent_tasktype") == [0, 1, 2, 2, 0]
     batch = build_batch(items, RLConfig(w_process=0.5, w_outcome=1.0))
-    # 0.5*0.8+1 ; 0.5*0.2+0 ; 0.5*0.6+0 (no outcome) ; 0.5*0.4+1
-    assert torch.allclose(batch.groups.rewards, torch.tensor([1.4, 0.1, 0.3, 1.2]))
-    assert batch.groups.prompt.tolist() == [0, 0, 1, 2]  # (task, agent, turn)
+    # 0.5*0.8+1 ; 0.5*0.2+0 ; 0.5*0.6+0 (no outcome) ; 0.5*0.4+1 ; 0.5*0.5+1
+    assert torch.allclose(batch.groups.rewards, torch.tensor([1.4, 0.1, 0.3, 1.2, 1.25]))
+    # (task, agent, turn); the task is its id and content, so t1 of type y is another task
+    assert batch.groups.prompt.tolist() == [0, 1, 2, 3, 0]
     assert batch.loss_mask[2].sum() == 0 and batch.valid[2].sum() == 3
     assert build_batch(items, RLConfig(mask_truncated=False)).loss_mask[2].sum() == 3
+
+
+def test_duplicate_task_ids_of_different_tasks_never_share_a_group() -> None:
+    items = [
+        _item("a", "x", "7", 8.0, True, task="2 + 2"),
+        _item("a", "x", "7", 2.0, True, task="2 + 2"),
+        _item("a", "x", "7", 6.0, True, task="3 + 5"),  # same id, another data set's task
+        _item("a", "x", "7", 4.0, True, task="3 + 5"),
+    ]
+    assert build_batch(items, RLConfig()).groups.prompt.tolist() == [0, 0, 1, 1]
+    check_group_sizes([ep for ep, _ in items], "grpo")  # two samples of each task: fine
+    with pytest.raises(ValueError, match=r"train.samples_per_prompt >= 2"):
+        check_group_sizes([ep for ep, _ in items[1:]], "rloo")  # "2 + 2" sampled once
+    check_group_sizes([ep for ep, _ in items[1:]], "reinforce_pp")  # no groups needed
 
 
 def test_whiten_degenerate_batches_are_finite() -> None:
     one = masked_whiten(torch.tensor([[3.0, 7.0]]), torch.tensor([[1.0, 0.0]]))
     assert torch.equal(one, torch.tensor([[0.0, 0.0]]))  # single token: centered only
     same = masked_whiten(torch.full((2, 3), 0.4), torch.ones(2, 3))
-    assert torch.equal(same, torch.zeros(2, 3))  # zero variance: centered, not divided by ~0
+    assert same.abs().max() < 1e-3  # zero spread: divided by the floor eps, never by ~0
     empty = masked_whiten(torch.ones(2, 2), torch.zeros(2, 2))
     assert torch.equal(empty, torch.zeros(2, 2))
+    # a spread below eps is scaled by 1/eps, not blown up to unit size
+    tiny = masked_whiten(torch.tensor([[1.0, 1.0 + 2e-6]], dtype=torch.float64), torch.ones(1, 2))
+    assert torch.allclose(tiny, torch.tensor([[-0.01, 0.01]], dtype=torch.float64))  # 1e-6/1e-4
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=40), st.data())
-def test_whiten_property(values: list[float], data: st.DataObject) -> None:
+@given(
+    st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=40),
+    st.sampled_from([1e-6, 1e-4, 1e-2]),
+    st.data(),
+)
+def test_whiten_property(values: list[float], eps: float, data: st.DataObject) -> None:
     x = torch.tensor(values, dtype=torch.float64)[None, :]
     keep = data.draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values)))
     mask = torch.tensor(keep, dtype=torch.float64)[None, :]
-    out = masked_whiten(x, mask)
+    out = masked_whiten(x, mask, eps)
     assert torch.isfinite(out).all()
     assert (out[mask == 0] == 0).all()
     kept = x[mask > 0]
-    if kept.numel() >= 2 and len(set(kept.tolist())) >= 2:
-        sel = out[mask > 0]
-        assert abs(float(sel.mean())) < 1e-6
+    if kept.numel() < 2:
+        return
+    sel = out[mask > 0]
+    centered = kept - kept.mean()
+    std = float(kept.std())
+    assert abs(float(sel.mean())) < 1e-6
+    # divided by max(std, eps): unit std when the spread is above the floor, else the
+    # centered values over eps (never larger)
+    assert torch.allclose(sel, centered / max(std, eps), atol=1e-9, rtol=1e-9)
+    if std >= eps:
         assert abs(float(sel.std()) - 1.0) < 1e-6
+    else:
+        assert float(sel.std()) < 1.0 + 1e-9
 
 
 LOGP = torch.tensor([[math.log(1.5), math.log(0.5), 0.0, 5.0]])  # last token is padding
@@ -352,92 +469,221 @@ def test_loss_gradient_equals_reinforce_gradient() -> None:
         assert torch.allclose(a, b, atol=1e-5)
 
 
-def _episodes(policy: FakeTablePolicy) -> list[Episode]:
-    """Two episodes; each action's old log-probs are the reference's plus a known offset, so
-    its k1 KL is that offset on every token. b's turn-1 action in e2 is flagged."""
-    ref = torch.log_softmax(policy.ref, -1)
+def test_policy_loss_truncated_importance_weights_scale_the_policy_term_only() -> None:
+    w = torch.tensor([[2.0, 0.5, 1.0, 7.0]])  # the last one sits on padding
+    loss, stats = policy_loss(LOGP, OLD, ADV, LMASK, LossConfig(0.2, 0.2), is_weights=w)
+    # clipped terms as above: -1.2, 0.8, -3 ; weighted: -2.4, 0.4, -3 ; mean -5.0/3
+    assert math.isclose(float(loss), -5.0 / 3, abs_tol=1e-6)
+    assert math.isclose(stats["clip_frac"], 2 / 3, abs_tol=1e-6)  # the weights clip nothing
+    cfg = LossConfig(kl_beta_in_loss=0.5, kl_estimator="k1")
+    ref = torch.zeros(1, 4)
+    loss, _ = policy_loss(LOGP, OLD, ADV, LMASK, cfg, logp_ref=ref, is_weights=w)
+    # KL term unweighted: + 0.5 * (log1.5 + log0.5 + 0) = 0.5 * -0.287682
+    assert math.isclose(float(loss), (-5.0 + 0.5 * -0.2876821) / 3, abs_tol=1e-6)
 
-    def act(ep: str, agent: str, turn: int, ids: list[int], offset: float, score: float) -> Action:
-        old = (ref[ids] + offset).tolist()
+
+DELTA = torch.tensor([0.0, 0.3, -0.2, 0.5, 0.0, 0.1, -0.4, 0.2])
+
+
+def _drift(policy: FakeTablePolicy) -> None:
+    """Move a's and b's tables away from the reference, as a previous step would have."""
+    with torch.no_grad():
+        policy.tables["a"] += DELTA
+        policy.tables["b"] -= DELTA
+
+
+def _episodes(
+    policy: FakeTablePolicy,
+    offsets: dict[str, float] | None = None,
+    scores: tuple[float, ...] = (8.0, 3.0, 2.0, 9.0, 5.0),
+) -> list[Episode]:
+    """Two episodes. Each action's sampling log-probs are its agent's log-probs now plus the
+    offset ``offsets[<episode>/<agent>]`` (a sampler's numerical gap; 0 by default).
+    b's turn-1 action in e2 is flagged."""
+    offsets = offsets or {}
+
+    def act(ep: str, agent: str, turn: int, ids: list[int], score: float) -> Action:
+        lp = torch.log_softmax(policy.tables[agent].detach(), -1)
+        sample = (lp[ids] + offsets.get(f"{ep}/{agent}", 0.0)).tolist()
         flagged = turn == 1
         return Action(
-            ep, agent, turn, [0], ids, old, "p", "c", False, coach=Score(score, flagged=flagged)
+            ep, agent, turn, [0], ids, sample, "p", "c", False, coach=Score(score, flagged=flagged)
         )
 
-    e1 = Episode("e1", "t1", "task", "1", correct=True)
-    e1.actions = [act("e1", "a", 0, [1, 2, 3], 0.2, 8.0), act("e1", "b", 0, [6, 7], 0.4, 3.0)]
-    e2 = Episode("e2", "t2", "task", "1", correct=False)
+    s = scores
+    e1 = Episode("e1", "t1", "task one", "1", correct=True)
+    e1.actions = [act("e1", "a", 0, [1, 2, 3], s[0]), act("e1", "b", 0, [6, 7], s[1])]
+    e2 = Episode("e2", "t2", "task two", "1", correct=False)
     e2.actions = [
-        act("e2", "a", 0, [4, 5], -0.1, 2.0),
-        act("e2", "b", 0, [6], 0.4, 9.0),
-        act("e2", "b", 1, [2, 2], 1.0, 5.0),
+        act("e2", "a", 0, [4, 5], s[2]),
+        act("e2", "b", 0, [6], s[3]),
+        act("e2", "b", 1, [2, 2], s[4]),
     ]
     return [e1, e2]
 
 
-def test_experience_computes_the_kl_once_and_means_it_per_agent() -> None:
+def _k1(policy: FakeTablePolicy, agent: str, ids: list[int]) -> list[float]:
+    """log pi_agent - log pi_ref of each token: the k1 KL the experience should find."""
+    lp = torch.log_softmax(policy.tables[agent].detach(), -1)
+    return (lp[ids] - torch.log_softmax(policy.ref, -1)[ids]).tolist()
+
+
+def test_experience_recomputes_old_logprobs_and_computes_the_kl_once() -> None:
     policy = FakeTablePolicy(["a", "b"])
-    items = scored_actions(_episodes(policy), exclude_flagged=True)
+    # sampled before the drift: the sampling log-probs are the reference's
+    sampled = _episodes(policy)
+    _drift(policy)
+    items = scored_actions(sampled, exclude_flagged=True)
     assert [(a.agent, a.turn) for _, a in items] == [("a", 0), ("b", 0), ("a", 0), ("b", 0)]
     exp = make_experience(policy, items, RLConfig(), beta=0.1, temperature=1.0)
-    assert policy.calls == [None]  # one reference pass (micro-batch 4)
-    expected_kl = torch.tensor(
-        [[0.2, 0.2, 0.2], [0.4, 0.4, 0.0], [-0.1, -0.1, 0.0], [0.4, 0.0, 0.0]]
-    )
-    assert torch.allclose(exp.kl, expected_kl, atol=1e-6)  # 0 on padding
-    assert math.isclose(exp.mean_kl(), 1.6 / 8, abs_tol=1e-6)  # (0.6 - 0.2 + 1.2) / 8 tokens
-    assert math.isclose(exp.mean_kl(exp.rows("a")), 0.4 / 5, abs_tol=1e-6)
-    assert math.isclose(exp.mean_kl(exp.rows("b")), 1.2 / 3, abs_tol=1e-6)
+    # old log-probs per agent with its own adapter (micro-batch 4), then one reference pass
+    assert policy.calls == ["a", "b", None]
+    ref = torch.log_softmax(policy.ref, -1)
+    assert torch.allclose(exp.sample[0], ref[[1, 2, 3]])  # kept as sampled
+    lp_a = torch.log_softmax(policy.tables["a"].detach(), -1)
+    assert torch.allclose(exp.old[0], lp_a[[1, 2, 3]])  # recomputed, under the drifted table
+    rows = [_k1(policy, "a", [1, 2, 3]), _k1(policy, "b", [6, 7]), _k1(policy, "a", [4, 5])]
+    rows.append(_k1(policy, "b", [6]))
+    expected_kl = torch.tensor([r + [0.0] * (3 - len(r)) for r in rows])  # 0 on padding
+    assert torch.allclose(exp.kl, expected_kl, atol=1e-6)
+    flat = [v for r in rows for v in r]
+    assert math.isclose(exp.mean_kl(), sum(flat) / 8, abs_tol=1e-6)
+    assert math.isclose(exp.mean_kl(exp.rows("a")), sum(rows[0] + rows[2]) / 5, abs_tol=1e-6)
     assert exp.advantages.shape == exp.returns.shape == exp.old.shape == (4, 3)
+    # the gap: old - sample = the drift k1 on every token
+    gap_max, gap_mean = exp.logprob_gap()
+    assert math.isclose(gap_max, max(abs(v) for v in flat), abs_tol=1e-6)
+    assert math.isclose(gap_mean, sum(abs(v) for v in flat) / 8, abs_tol=1e-6)
 
 
-def test_update_agents_steps_each_agent_and_logs_the_step() -> None:
-    policy = FakeTablePolicy(["a", "b", "c"])
-    before = {n: t.detach().clone() for n, t in policy.tables.items()}
+def test_experience_truncated_importance_weights() -> None:
+    policy = FakeTablePolicy(["a", "b"])
+    # a's e1 sample log-probs 1.0 below the training ones, b's e1 ones 0.5 above
+    eps = _episodes(policy, offsets={"e1/a": -1.0, "e1/b": 0.5})
+    items = scored_actions(eps, exclude_flagged=True)
+    exp = make_experience(policy, items, RLConfig(tis_cap=2.0), beta=0.1, temperature=1.0)
+    assert exp.is_weights is not None
+    w = math.exp(-0.5)  # 0.606531
+    expected = torch.tensor(
+        [[2.0, 2.0, 2.0], [w, w, 0.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
+    )  # min(e^1 = 2.718, 2) ; e^-0.5 ; on-policy 1 ; 0 on padding
+    assert torch.allclose(exp.is_weights, expected, atol=1e-6)
+    assert math.isclose(exp.tis_capped_frac() or 0.0, 3 / 8)  # a's three tokens hit the cap
+    assert exp.logprob_gap() == pytest.approx((1.0, (3 * 1.0 + 2 * 0.5) / 8))
+    off = make_experience(policy, items, RLConfig(tis_cap=None), beta=0.1, temperature=1.0)
+    assert off.is_weights is None and off.tis_capped_frac() is None
+
+
+def _update(
+    policy: FakeTablePolicy,
+    episodes: list[Episode],
+    cfg: RLConfig,
+    kl_ctl: KLController,
+    agents: tuple[str, ...] = ("a", "b", "c"),
+) -> dict[str, object]:
     optimizers = {n: torch.optim.Adam([t], lr=0.1) for n, t in policy.tables.items()}
     params = {n: [t] for n, t in policy.tables.items()}
-    kl_ctl = KLController(0.1, target=0.1, horizon=100)
-    out = update_agents(
+    return update_agents(
         policy,
-        _episodes(policy),
-        ["a", "b", "c"],
+        episodes,
+        list(agents),
         optimizers,
         params,
-        RLConfig(),
+        cfg,
         kl_ctl,
         exclude_flagged=True,
         temperature=1.0,
     )
+
+
+def test_update_agents_steps_each_agent_and_logs_the_step() -> None:
+    policy = FakeTablePolicy(["a", "b", "c"])
+    _drift(policy)
+    before = {n: t.detach().clone() for n, t in policy.tables.items()}
+    kl_ctl = KLController(0.1, target=0.1, horizon=100)
+    rows = [_k1(policy, "a", [1, 2, 3]), _k1(policy, "b", [6, 7]), _k1(policy, "a", [4, 5])]
+    rows.append(_k1(policy, "b", [6]))
+    out = _update(policy, _episodes(policy), RLConfig(), kl_ctl)
     stat_keys = [f"rl/{n}/{f.name}" for n in "abc" for f in fields(UpdateStats)]
-    assert list(out) == ["kl_beta", "trained_actions", *stat_keys, "mean_kl"]
+    assert list(out) == [
+        "kl_beta",
+        "trained_actions",
+        *stat_keys,
+        "mean_kl",
+        "rl/logprob_gap_max",
+        "rl/logprob_gap_mean",
+        "rl/tis_capped_frac",
+        "rl/unwhitened_scopes",
+    ]
     assert out["kl_beta"] == 0.1 and out["trained_actions"] == 4  # beta used; flagged left out
-    assert math.isclose(out["mean_kl"], 0.2, abs_tol=1e-6)
-    assert math.isclose(out["rl/a/mean_kl"], 0.08, abs_tol=1e-6)
-    assert math.isclose(out["rl/b/mean_kl"], 0.4, abs_tol=1e-6)
+    mean_kl = sum(v for r in rows for v in r) / 8
+    assert out["mean_kl"] == pytest.approx(mean_kl, abs=1e-6)
+    assert out["rl/a/mean_kl"] == pytest.approx(sum(rows[0] + rows[2]) / 5, abs=1e-6)
     assert (out["rl/a/actions"], out["rl/a/tokens"], out["rl/b/tokens"]) == (2, 5, 3)
     assert out["rl/c/skipped"] == "no actions" and out["rl/c/actions"] == 0
-    # error clip((0.2 - 0.1) / 0.1, +-0.2) = 0.2 ; beta = 0.1 * (1 + 0.2 * 8 / 100) = 0.1016
-    assert math.isclose(kl_ctl.beta, 0.1016, rel_tol=1e-6)
+    assert out["rl/a/skipped"] == out["rl/b/skipped"] == ""
+    # sampled from the tables trained on: no gap, no clipping
+    assert out["rl/logprob_gap_max"] == 0.0 and out["rl/a/clip_frac"] == 0.0
+    error = max(-0.2, min(0.2, (mean_kl - 0.1) / 0.1))
+    assert math.isclose(kl_ctl.beta, 0.1 * (1 + error * 8 / 100), rel_tol=1e-6)
     assert not torch.equal(policy.tables["a"].detach(), before["a"])
     assert not torch.equal(policy.tables["b"].detach(), before["b"])
     assert torch.equal(policy.tables["c"].detach(), before["c"])
 
-    def again(episodes: list[Episode], exclude_flagged: bool) -> dict[str, object]:
-        return update_agents(
-            policy,
-            episodes,
-            ["a"],
-            optimizers,
-            params,
-            RLConfig(),
-            kl_ctl,
-            exclude_flagged=exclude_flagged,
-            temperature=1.0,
-        )
+    assert _update(policy, [], RLConfig(), kl_ctl) == {
+        "kl_beta": kl_ctl.beta,
+        "trained_actions": 0,
+        "mean_kl": None,
+    }
 
-    assert again(_episodes(policy), exclude_flagged=False)["trained_actions"] == 5
-    empty = again([], exclude_flagged=True)
-    assert empty == {"kl_beta": kl_ctl.beta, "trained_actions": 0, "mean_kl": None}
+
+def test_an_agent_without_reward_signal_takes_no_step() -> None:
+    policy = FakeTablePolicy(["a", "b"])
+    _drift(policy)  # so the KL term is not zero: b's centered returns are small, not 0
+    before = {n: t.detach().clone() for n, t in policy.tables.items()}
+    # b's two trained actions tie at 3.0 (its turn-1 action is flagged out)
+    out = _update(
+        policy,
+        _episodes(policy, scores=(8.0, 3.0, 2.0, 3.0, 5.0)),
+        RLConfig(),
+        KLController(0.1),
+        ("a", "b"),
+    )
+    assert str(out["rl/b/skipped"]).startswith("no reward signal")
+    assert out["rl/b/actions"] == 2 and out["rl/unwhitened_scopes"] == 1
+    assert torch.equal(policy.tables["b"].detach(), before["b"])  # bit-identical
+    assert not torch.equal(policy.tables["a"].detach(), before["a"])
+    # a global scope with spread gives b signal through the others' rewards
+    out = _update(
+        policy,
+        _episodes(policy, scores=(8.0, 3.0, 2.0, 3.0, 5.0)),
+        RLConfig(norm_scope="global"),
+        KLController(0.1),
+        ("a", "b"),
+    )
+    assert out["rl/b/skipped"] == "" and out["rl/unwhitened_scopes"] == 0
+
+
+def test_a_run_without_kl_measures_and_logs_none() -> None:
+    policy = FakeTablePolicy(["a", "b"])
+    out = _update(policy, _episodes(policy), RLConfig(kl_beta=0.0), KLController(0.0), ("a", "b"))
+    assert None not in policy.calls  # no reference pass at all
+    assert out["mean_kl"] is None and out["rl/a/mean_kl"] is None and out["rl/b/mean_kl"] is None
+    exp = make_experience(
+        policy, scored_actions(_episodes(policy), True), RLConfig(kl_beta=0.0), 0.0, 1.0
+    )
+    assert exp.ref is None and exp.kl is None and exp.mean_kl() is None
+
+
+def test_group_estimators_refuse_a_task_sampled_once() -> None:
+    policy = FakeTablePolicy(["a", "b"])
+    with pytest.raises(ValueError, match=r"rl.advantage=grpo .* train.samples_per_prompt >= 2"):
+        _update(policy, _episodes(policy), RLConfig(advantage="grpo"), KLController(0.1))
+    # the same episodes twice (two samples per task) train
+    twice = _episodes(policy) + _episodes(policy, scores=(2.0, 9.0, 8.0, 1.0, 5.0))
+    out = _update(policy, twice, RLConfig(advantage="rloo"), KLController(0.1), ("a", "b"))
+    assert out["rl/a/skipped"] == out["rl/b/skipped"] == ""
+    assert out["rl/singleton_groups"] == 0 and out["rl/flat_groups"] == 0
 
 
 def test_rl_imports_no_runner_trainer_evaluation_or_coach() -> None:

@@ -89,7 +89,7 @@ def test_tool_loop_second_prompt_is_real_context_and_is_trained_on(
     executor_calls = [prompts for agent, prompts in fake.seen if agent == "code_executor"]
     assert executor_calls[1] == [ep.agent_actions("code_executor")[1].prompt_ids for ep in episodes]
 
-    # The update trains on exactly those ids, both for the reference and the policy pass.
+    # The update trains on exactly those ids, in every pass (old, reference, policy).
     items = [(ep, a) for ep in episodes for a in ep.agent_actions("code_executor")]
     for (_, a), v in zip(items, [8.0, 2.0, 6.0, 4.0], strict=True):
         a.coach = Score(v)
@@ -109,7 +109,8 @@ def test_tool_loop_second_prompt_is_real_context_and_is_trained_on(
         recorder, "code_executor", exp, torch.optim.Adam(params, lr=1e-3), params, rl, beta=0.01
     )
     assert stats.tokens == sum(len(a.completion_ids) for a in actions)
-    assert [c[0] for c in recorder.calls] == [None, "code_executor"]
+    # the old log-probs recomputed (no grad), the reference, then the update's pass
+    assert [c[0] for c in recorder.calls] == ["code_executor", None, "code_executor"]
     for _, prompts, completions in recorder.calls:
         assert prompts == [a.prompt_ids for a in actions]
         assert completions == [a.completion_ids for a in actions]

@@ -1,20 +1,23 @@
 """Advantage estimators, registered by name (the style of verl's ``register_adv_est``).
 
-An estimator is a pure function ``(token_rewards, mask, groups, cfg) -> (advantages,
-returns)``. ``token_rewards`` already holds the per-token KL penalty and each action's
-reward on its last token; ``groups`` says which rows share a task (for group baselines),
-which rows are whitened together (the normalization scope), and each row's scalar reward
-and episode outcome.
+An estimator is a pure function ``(token_rewards, mask, groups, cfg) -> Estimate``.
+``token_rewards`` already holds the per-token KL penalty and each action's scalar reward on
+its last token; ``groups`` says which rows share a task (for group baselines), which rows
+are whitened together (the normalization scope), and each row's scalar reward and episode
+outcome. Besides advantages and returns an estimator says which rows carry reward signal
+(the update skips an agent none of whose rows does: docs/algorithm.md §4) and counts what
+it left degenerate, for the log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from mappa.rl.core import grouped_whiten, last_token_index, returns_to_go
+from mappa.rl.core import group_spread, grouped_whiten, last_token_index, returns_to_go
 from mappa.rl.registry import Registry
 
 
@@ -38,75 +41,147 @@ class Groups:
 @dataclass(frozen=True)
 class EstimatorConfig:
     gamma: float = 1.0
-    eps: float = 1e-6
+    eps: float = 1e-4  # rl.whiten_eps: floor of every std divided by
 
 
-Estimator = Callable[
-    [torch.Tensor, torch.Tensor, Groups, EstimatorConfig], tuple[torch.Tensor, torch.Tensor]
-]
+class Estimate(NamedTuple):
+    """What an estimator returns.
+
+    Attributes:
+        advantages: ``(B, T)``, 0 on masked tokens.
+        returns: ``(B, T)`` returns-to-go of the (shaped) token rewards.
+        signal: ``(B,)`` bool: the row's scalar reward differs from another one it is
+            compared with (its whitening scope, or its task group), and the row is trained.
+        counts: degenerate cases, logged as ``rl/<key>`` (e.g. ``unwhitened_scopes``).
+    """
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    signal: torch.Tensor
+    counts: dict[str, int]
+
+
+Estimator = Callable[[torch.Tensor, torch.Tensor, Groups, EstimatorConfig], Estimate]
 ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry("advantage estimator")
 register_estimator = ADVANTAGE_ESTIMATORS.register
 get_estimator = ADVANTAGE_ESTIMATORS.lookup
 
 
+def _live(mask: torch.Tensor) -> torch.Tensor:
+    """Rows with at least one token in the loss."""
+    return mask.sum(-1) > 0
+
+
+def _swap_scalar(
+    token_rewards: torch.Tensor, mask: torch.Tensor, old: torch.Tensor, new: torch.Tensor
+) -> torch.Tensor:
+    """Token rewards with each row's scalar ``old`` on its last token replaced by ``new``."""
+    last = last_token_index(mask)[:, None]
+    return token_rewards.scatter_add(1, last, (new - old)[:, None].to(token_rewards.dtype))
+
+
+def _whitened(
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    scope: torch.Tensor,
+    scalars: torch.Tensor,
+    cfg: EstimatorConfig,
+) -> Estimate:
+    """Whiten ``returns`` per scope; a scope whose ``scalars`` are all equal is only centered."""
+    live = _live(mask)
+    signal = group_spread(scope, scalars, live)
+    flat = {int(g) for g in torch.unique(scope[live])} - {int(g) for g in scope[signal]}
+    adv = grouped_whiten(returns, mask, scope, cfg.eps, divide=signal)
+    return Estimate(adv, returns, signal, {"unwhitened_scopes": len(flat)})
+
+
 @register_estimator("reinforce_pp")
 def reinforce_pp(
     token_rewards: torch.Tensor, mask: torch.Tensor, groups: Groups, cfg: EstimatorConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Estimate:
     """REINFORCE++: return-to-go, then whitened over every unmasked token of each scope.
 
     MAPPA whitens per agent over that agent's whole batch, not per prompt group (there is
-    no group: downstream agents' inputs differ from episode to episode).
+    no group: downstream agents' inputs differ from episode to episode). A scope whose
+    scalar rewards are all equal carries no signal and is only centered: dividing by its
+    std would blow the KL term's noise up to unit-size advantages.
     """
     returns = returns_to_go(token_rewards, mask, cfg.gamma)
-    return grouped_whiten(returns, mask, groups.scope), returns
+    return _whitened(returns, mask, groups.scope, groups.rewards, cfg)
 
 
 @register_estimator("outcome_only")
 def outcome_only(
     token_rewards: torch.Tensor, mask: torch.Tensor, groups: Groups, cfg: EstimatorConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> Estimate:
     """The sparse baseline: each action's reward replaced by its episode's outcome.
 
     Every action of every agent gets the final agent's correctness (the KL part of the token
-    rewards stays), then REINFORCE++ returns and whitening as usual.
+    rewards stays), then REINFORCE++ returns and whitening as usual; a scope whose outcomes
+    are all equal (every episode wrong, say) carries no signal.
     """
-    last = last_token_index(mask)[:, None]
-    swap = (groups.outcomes - groups.rewards)[:, None].to(token_rewards.dtype)
-    return reinforce_pp(token_rewards.scatter_add(1, last, swap), mask, groups, cfg)
+    swapped = _swap_scalar(token_rewards, mask, groups.rewards, groups.outcomes)
+    returns = returns_to_go(swapped, mask, cfg.gamma)
+    return _whitened(returns, mask, groups.scope, groups.outcomes, cfg)
 
 
-def _broadcast(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return values[:, None].to(mask.dtype) * mask
+def _group_baselined(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    groups: Groups,
+    cfg: EstimatorConfig,
+    adjust: Callable[[torch.Tensor], torch.Tensor],
+) -> Estimate:
+    """OpenRLHF's shape for group baselines: the baseline-adjusted scalar replaces R on the
+    last token (the per-token KL penalty stays), then return-to-go with gamma; no whitening.
+
+    ``adjust`` maps a group's scalar rewards (two or more, not all equal) to adjusted ones.
+    A group of one, or one whose rewards are all equal, gets exactly 0 and carries no signal.
+    Every row of a group, trained or masked out, counts toward its baseline.
+    """
+    rewards = groups.rewards.to(token_rewards.dtype)
+    adjusted = torch.zeros_like(rewards)
+    singletons = flat = 0
+    for g in torch.unique(groups.prompt):
+        rows = groups.prompt == g
+        r = rewards[rows]
+        if r.numel() < 2:
+            singletons += 1
+        elif bool((r == r[0]).all()):
+            flat += 1
+        else:
+            adjusted[rows] = adjust(r)
+    signal = group_spread(groups.prompt, rewards, torch.ones_like(rewards, dtype=torch.bool))
+    shaped = _swap_scalar(token_rewards, mask, rewards, adjusted)
+    returns = returns_to_go(shaped, mask, cfg.gamma)
+    counts = {"flat_groups": flat, "singleton_groups": singletons}
+    return Estimate(returns, returns, signal & _live(mask), counts)
 
 
 @register_estimator("grpo")
 def grpo(
     token_rewards: torch.Tensor, mask: torch.Tensor, groups: Groups, cfg: EstimatorConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO: (R - group mean) / (group std + eps) on every token; KL not in the reward.
+) -> Estimate:
+    """GRPO: (R - group mean) / max(group std, eps) on the last token, plus the KL penalty.
 
-    Groups are rows of the same task, agent and turn. A group of one has std 0 and gets
-    advantage 0. Kept to reproduce the comparison MAPPA argues against.
+    Groups are rows of the same task, agent and turn. Kept to reproduce the comparison
+    MAPPA argues against.
     """
-    adv = torch.zeros_like(groups.rewards, dtype=token_rewards.dtype)
-    for g in torch.unique(groups.prompt):
-        rows = groups.prompt == g
-        r = groups.rewards[rows].to(adv.dtype)
-        std = r.std() if r.numel() > 1 else torch.zeros((), dtype=adv.dtype)
-        adv[rows] = (r - r.mean()) / (std + cfg.eps)
-    return _broadcast(adv, mask), _broadcast(groups.rewards, mask)
+
+    def adjust(r: torch.Tensor) -> torch.Tensor:
+        return (r - r.mean()) / torch.clamp(r.std(), min=cfg.eps)
+
+    return _group_baselined(token_rewards, mask, groups, cfg, adjust)
 
 
 @register_estimator("rloo")
 def rloo(
     token_rewards: torch.Tensor, mask: torch.Tensor, groups: Groups, cfg: EstimatorConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE leave-one-out: R_i minus the mean reward of the other rows of its group."""
-    adv = torch.zeros_like(groups.rewards, dtype=token_rewards.dtype)
-    for g in torch.unique(groups.prompt):
-        rows = groups.prompt == g
-        r = groups.rewards[rows].to(adv.dtype)
-        k = r.numel()
-        adv[rows] = (r - (r.sum() - r) / (k - 1)) if k > 1 else torch.zeros_like(r)
-    return _broadcast(adv, mask), _broadcast(groups.rewards, mask)
+) -> Estimate:
+    """REINFORCE leave-one-out: R_i minus the mean reward of the other rows of its group,
+    on the last token, plus the KL penalty."""
+
+    def adjust(r: torch.Tensor) -> torch.Tensor:
+        return r - (r.sum() - r) / (r.numel() - 1)
+
+    return _group_baselined(token_rewards, mask, groups, cfg, adjust)

@@ -47,28 +47,63 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(x - mean) / std over unmasked entries (unbiased std); masked entries become 0.
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """(x - mean) / max(std, eps) over unmasked entries (unbiased std); masked entries are 0.
 
-    With fewer than two tokens, or all values equal, there is no scale to divide by: the
-    result is only centered (finite, and zero where all values are equal). Any two distinct
-    values are whitened, however close: the std is computed on values rescaled by their
-    largest deviation so it never underflows to 0 (mean 0 and std 1 hold exactly then).
+    ``eps`` is the floor of the divisor (``rl.whiten_eps``): a spread below it is scaled by
+    1/eps, never blown up to unit size. With fewer than two tokens there is no spread to
+    measure: the result is only centered (0 for one token).
+
+    >>> masked_whiten(torch.tensor([[1.0, 3.0]]), torch.ones(1, 2)).tolist()  # std sqrt(2)
+    [[-0.7071067690849304, 0.7071067690849304]]
+    >>> masked_whiten(torch.tensor([[1.0, 1.00001]]), torch.ones(1, 2), eps=1e-4).abs().max() < 0.1
+    tensor(True)
     """
     n = mask.sum()
     mean = masked_mean(x, mask)
     centered = (x - mean) * mask
-    scale = centered.abs().max()
-    if n < 2 or scale == 0:
+    if n < 2:
         return centered
-    std = scale * (((centered / scale) ** 2).sum() / (n - 1)).sqrt()
-    return centered / std
+    std = ((centered**2).sum() / (n - 1)).sqrt()
+    return centered / torch.clamp(std, min=eps)
 
 
-def grouped_whiten(x: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """``masked_whiten`` separately within each group of rows (``groups``: (B,) ids)."""
+def group_spread(ids: torch.Tensor, values: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """Per row (``(B,)`` bool): does the row's group hold two different ``values``?
+
+    Only ``live`` rows count (rows with at least one token in the loss); a row that is not
+    live is never marked. ``ids`` are the rows' group ids, ``values`` their scalars.
+
+    >>> group_spread(torch.tensor([0, 0, 1, 1]), torch.tensor([0.5, 0.5, 0.2, 0.9]),
+    ...              torch.tensor([True, True, True, True])).tolist()
+    [False, False, True, True]
+    """
+    out = torch.zeros_like(live, dtype=torch.bool)
+    for g in torch.unique(ids):
+        rows = (ids == g) & live
+        vals = values[rows]
+        if vals.numel() > 1 and bool((vals != vals[0]).any()):
+            out[rows] = True
+    return out
+
+
+def grouped_whiten(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    groups: torch.Tensor,
+    eps: float = 1e-4,
+    divide: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``masked_whiten`` separately within each group of rows (``groups``: (B,) ids).
+
+    ``divide`` ((B,) bool): a group none of whose rows is marked is only centered, not
+    divided by its std (a scope without reward signal; docs/algorithm.md §4).
+    """
     out = torch.zeros_like(x)
     for g in torch.unique(groups):
         rows = groups == g
-        out[rows] = masked_whiten(x[rows], mask[rows])
+        if divide is None or bool(divide[rows].any()):
+            out[rows] = masked_whiten(x[rows], mask[rows], eps)
+        else:
+            out[rows] = (x[rows] - masked_mean(x[rows], mask[rows])) * mask[rows]
     return out

@@ -3,20 +3,27 @@
 The shape of OpenRLHF's experience maker, for MAPPA's REINFORCE++ (docs/design.md §1):
 
 1. ``scored_actions``: the (episode, action) pairs that carry a coach score.
-2. ``build_batch`` -> ``RolloutBatch``: completions padded to one width ``T``, the old
-   (sampling) log-probs, the masks, each action's scalar reward and its group ids.
-3. ``reference_logprobs``: the same tokens under the frozen reference (adapters off).
-4. ``compute_advantages``: the per-token KL estimate (computed once, here), KL-shaped token
-   rewards, then the configured estimator over the whole batch at once, so the whitening
-   scope can span one agent, all agents, or (agent, task type).
+2. ``build_batch`` -> ``RolloutBatch``: completions padded to one width ``T``, the sampling
+   log-probs, the masks, each action's scalar reward and its group ids.
+3. ``behaviour_logprobs``: the old log-probs recomputed in the training layout, under
+   ``no_grad``, each agent with its own adapter and in the micro-batches its update will
+   use (as verl and OpenRLHF recompute them). The PPO ratio and the KL are taken against
+   these; the sampling log-probs stay in the record, their gap is logged, and truncated
+   importance sampling (``rl.tis_cap``) corrects for it.
+4. ``reference_logprobs``: the same tokens under the frozen reference (adapters off);
+   skipped when the run applies no KL (beta = 0).
+5. ``compute_advantages``: the per-token KL estimate log pi_old - log pi_ref (computed
+   once, here), KL-shaped token rewards, then the configured estimator over the whole batch
+   at once, so the whitening scope can span one agent, all agents, or (agent, task type).
 
-``make_experience`` runs 2-4 and returns an ``Experience``; ``mappa.rl.update`` then takes
+``make_experience`` runs 2-5 and returns an ``Experience``; ``mappa.rl.update`` then takes
 one optimizer step per agent on its rows. Training tokens are exactly ``prompt_ids +
-completion_ids`` of each action as sampled; old log-probs are the sampling log-probs.
+completion_ids`` of each action as sampled.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
@@ -24,11 +31,14 @@ import torch
 
 from mappa.config import RLConfig
 from mappa.models.interface import TrainablePolicy
-from mappa.rl.advantages import EstimatorConfig, Groups, get_estimator
+from mappa.rl.advantages import Estimate, EstimatorConfig, Groups, get_estimator
 from mappa.rl.core import masked_mean, token_rewards
-from mappa.rl.kl import kl_estimate
+from mappa.rl.kl import LOG_RATIO_CLAMP, kl_estimate
 from mappa.rl.rewards import mix_reward
 from mappa.workflow.records import Action, Episode
+
+GROUP_ESTIMATORS = ("grpo", "rloo")
+"""Estimators whose baseline compares samples of the same task."""
 
 
 @dataclass
@@ -37,7 +47,7 @@ class RolloutBatch:
 
     actions: list[Action]
     agents: list[str]
-    old: torch.Tensor  # (B, T) sampling log-probs
+    sample: torch.Tensor  # (B, T) sampling log-probs, as recorded with each action
     valid: torch.Tensor  # (B, T) 1 on real completion tokens
     loss_mask: torch.Tensor  # (B, T) valid minus masked-out truncated completions
     groups: Groups
@@ -48,26 +58,53 @@ class RolloutBatch:
 
 @dataclass
 class Experience(RolloutBatch):
-    """A ``RolloutBatch`` with what the update needs, all ``(B, T)`` and 0 on padding.
+    """A ``RolloutBatch`` with what the update needs; tensors ``(B, T)``, 0 on padding.
 
     Attributes:
-        ref: log-probs of the completion tokens under the frozen reference.
-        kl: the per-token KL estimate ``rl.kl_estimator`` of old vs reference.
+        old: log-probs of the completion tokens under each agent's policy before the update,
+            recomputed in the training layout (the PPO ratio's denominator).
+        ref: log-probs under the frozen reference (``None`` when no KL is applied).
+        kl: the per-token KL estimate ``rl.kl_estimator`` of old vs reference (``None``
+            when no KL is applied).
         returns: returns-to-go of the KL-shaped token rewards.
-        advantages: the estimator's advantages (whitened within each scope).
+        advantages: the estimator's advantages.
+        signal: ``(B,)`` bool, rows whose reward differs from one they are compared with.
+        is_weights: truncated importance weights min(exp(old - sample), rl.tis_cap) on valid
+            tokens (``None`` when ``rl.tis_cap`` is null).
+        counts: the estimator's degenerate-case counts (``rl/<key>`` in the log).
     """
 
-    ref: torch.Tensor
-    kl: torch.Tensor
+    old: torch.Tensor
+    ref: torch.Tensor | None
+    kl: torch.Tensor | None
     returns: torch.Tensor
     advantages: torch.Tensor
+    signal: torch.Tensor
+    is_weights: torch.Tensor | None
+    counts: dict[str, int]
 
-    def mean_kl(self, rows: Sequence[int] | None = None) -> float:
-        """Mean KL estimate over the real completion tokens of ``rows`` (default: all)."""
+    def mean_kl(self, rows: Sequence[int] | None = None) -> float | None:
+        """Mean KL estimate over the real completion tokens of ``rows`` (default: all);
+        ``None`` when the run applies no KL (it was not measured)."""
+        if self.kl is None:
+            return None
         if rows is None:
             return float(masked_mean(self.kl, self.valid))
         idx = list(rows)
         return float(masked_mean(self.kl[idx], self.valid[idx]))
+
+    def logprob_gap(self) -> tuple[float, float]:
+        """(max, mean) of |old recomputed - sampling| over the real completion tokens."""
+        gap = (self.old - self.sample).abs() * self.valid
+        return float(gap.max()), float(masked_mean(gap, self.valid))
+
+    def tis_capped_frac(self) -> float | None:
+        """Fraction of real completion tokens whose importance weight hit the cap."""
+        if self.is_weights is None:
+            return None
+        ratio = torch.exp(torch.clamp(self.old - self.sample, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        capped = (ratio > self.is_weights).float()
+        return float(masked_mean(capped, self.valid))
 
 
 def scored_actions(
@@ -80,6 +117,31 @@ def scored_actions(
         for a in e.actions
         if a.coach is not None and not (exclude_flagged and a.coach.flagged)
     ]
+
+
+def task_key(ep: Episode) -> Hashable:
+    """What makes two episodes samples of the same task: its id *and* its content, so two
+    different tasks that happen to share an id (two data sets) never share a group."""
+    return (ep.task_id, ep.task, ep.answer, ep.task_type)
+
+
+def check_group_sizes(episodes: Sequence[Episode], advantage: str) -> None:
+    """A group baseline (``grpo``, ``rloo``) needs every task sampled at least twice.
+
+    Raises ``ValueError`` naming the fix when a task of the step has a single episode: its
+    group baseline would be itself, and its actions would silently carry no signal.
+    """
+    if advantage not in GROUP_ESTIMATORS:
+        return
+    counts = Counter(task_key(ep) for ep in episodes)
+    single = [key for key, n in counts.items() if n < 2]
+    if single:
+        first = next(ep.task_id for ep in episodes if task_key(ep) == single[0])
+        raise ValueError(
+            f"rl.advantage={advantage} compares samples of the same task, but {len(single)} "
+            f"of {len(counts)} tasks in this step were sampled once (e.g. task {first!r}): "
+            "set train.samples_per_prompt >= 2"
+        )
 
 
 def _pad(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -117,7 +179,7 @@ def build_batch(items: Sequence[tuple[Episode, Action]], cfg: RLConfig) -> Rollo
     }
     scope_key = scope_keys[cfg.norm_scope]
     groups = Groups(
-        prompt=_ids([(ep.task_id, a.agent, a.turn) for ep, a in items]),
+        prompt=_ids([(task_key(ep), a.agent, a.turn) for ep, a in items]),
         scope=_ids([scope_key(ep, a) for ep, a in items]),
         rewards=torch.tensor(rewards, dtype=torch.float32),
         outcomes=torch.tensor([o or 0.0 for o in outcomes], dtype=torch.float32),
@@ -125,7 +187,7 @@ def build_batch(items: Sequence[tuple[Episode, Action]], cfg: RLConfig) -> Rollo
     return RolloutBatch(
         actions=actions,
         agents=[a.agent for a in actions],
-        old=_pad([a.sample_logprobs for a in actions], width),
+        sample=_pad([a.sample_logprobs for a in actions], width),
         valid=valid,
         loss_mask=valid * keep[:, None],
         groups=groups,
@@ -135,6 +197,32 @@ def build_batch(items: Sequence[tuple[Episode, Action]], cfg: RLConfig) -> Rollo
 def fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
     """Right-pad a (B, T') tensor with zeros to (B, width)."""
     return x if x.shape[1] == width else torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+
+def micro_batches(rows: Sequence[int], size: int) -> list[list[int]]:
+    """An agent's rows in the chunks both the recomputation and the update use, so each
+    token's old log-prob comes from the very forward pass layout it is trained in."""
+    return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
+
+
+def behaviour_logprobs(
+    policy: TrainablePolicy, batch: RolloutBatch, micro_batch: int, temperature: float
+) -> torch.Tensor:
+    """Old log-probs recomputed under ``no_grad``: each agent's rows with its own adapter."""
+    out = torch.zeros_like(batch.sample)
+    width = out.shape[1]
+    with torch.no_grad():
+        for agent in dict.fromkeys(batch.agents):
+            for idx in micro_batches(batch.rows(agent), micro_batch):
+                chunk = [batch.actions[i] for i in idx]
+                lp = policy.completion_logprobs(
+                    agent,
+                    [a.prompt_ids for a in chunk],
+                    [a.completion_ids for a in chunk],
+                    temperature,
+                ).logprobs
+                out[idx] = fit_width(lp.detach().float().cpu(), width)
+    return out * batch.valid
 
 
 def reference_logprobs(
@@ -152,25 +240,49 @@ def reference_logprobs(
             out = policy.completion_logprobs(
                 None, [a.prompt_ids for a in chunk], [a.completion_ids for a in chunk], temperature
             )
-            parts.append(fit_width(out.logprobs.cpu(), width))
+            parts.append(fit_width(out.logprobs.float().cpu(), width))
     return torch.cat(parts)
 
 
-def compute_advantages(
-    batch: RolloutBatch, ref: torch.Tensor, cfg: RLConfig, beta: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(advantages, returns, kl): KL-shaped token rewards, then the configured estimator.
+def tis_weights(
+    old: torch.Tensor, sample: torch.Tensor, valid: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance weights min(exp(old - sample), cap), 0 on padding.
 
-    ``kl`` is the per-token estimate of old vs reference, 0 on padding. The KL goes into
-    the token rewards with weight ``beta`` unless ``cfg.kl_in_loss`` puts it in the loss.
+    The log-ratio is clamped to [-20, 20] first (as verl does), so an infinite sampling
+    log-prob cannot make a weight inf or nan.
+
+    >>> tis_weights(torch.tensor([[0.0, 1.0, -1.0]]), torch.zeros(1, 3), torch.ones(1, 3), 2.0)
+    tensor([[1.0000, 2.0000, 0.3679]])
     """
-    kl = kl_estimate(batch.old, ref, cfg.kl_estimator) * batch.valid
-    reward_beta = 0.0 if cfg.kl_in_loss else beta
-    r = token_rewards(batch.groups.rewards, kl, batch.valid, reward_beta)
-    adv, returns = get_estimator(cfg.advantage)(
-        r, batch.loss_mask, batch.groups, EstimatorConfig(cfg.gamma)
+    ratio = torch.exp(torch.clamp(old - sample, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return torch.clamp(ratio, max=cap) * valid
+
+
+def compute_advantages(
+    batch: RolloutBatch,
+    old: torch.Tensor,
+    ref: torch.Tensor | None,
+    cfg: RLConfig,
+    beta: float,
+) -> tuple[Estimate, torch.Tensor | None]:
+    """(estimate, kl): KL-shaped token rewards, then the configured estimator.
+
+    ``kl`` is the per-token estimate of log pi_old - log pi_ref, both in the training
+    layout, 0 on padding (``None`` without a reference). It goes into the token rewards with
+    weight ``beta`` unless ``cfg.kl_in_loss`` puts it in the loss.
+    """
+    if ref is None:
+        kl = None
+        r = token_rewards(batch.groups.rewards, torch.zeros_like(old), batch.valid, 0.0)
+    else:
+        kl = kl_estimate(old, ref, cfg.kl_estimator) * batch.valid
+        reward_beta = 0.0 if cfg.kl_in_loss else beta
+        r = token_rewards(batch.groups.rewards, kl, batch.valid, reward_beta)
+    est = get_estimator(cfg.advantage)(
+        r, batch.loss_mask, batch.groups, EstimatorConfig(cfg.gamma, cfg.whiten_eps)
     )
-    return adv, returns, kl
+    return est, kl
 
 
 def make_experience(
@@ -180,21 +292,32 @@ def make_experience(
     beta: float,
     temperature: float,
 ) -> Experience:
-    """Scored actions -> padded batch, reference log-probs, KL, returns and advantages."""
+    """Scored actions -> padded batch, recomputed old and reference log-probs, KL, returns,
+    advantages and importance weights."""
     batch = build_batch(items, cfg)
-    ref = reference_logprobs(
-        policy, batch.actions, batch.old.shape[1], cfg.micro_batch_size, temperature
+    old = behaviour_logprobs(policy, batch, cfg.micro_batch_size, temperature)
+    ref = None
+    if beta > 0:
+        ref = reference_logprobs(
+            policy, batch.actions, old.shape[1], cfg.micro_batch_size, temperature
+        )
+    est, kl = compute_advantages(batch, old, ref, cfg, beta)
+    weights = (
+        None if cfg.tis_cap is None else tis_weights(old, batch.sample, batch.valid, cfg.tis_cap)
     )
-    advantages, returns, kl = compute_advantages(batch, ref, cfg, beta)
     return Experience(
         actions=batch.actions,
         agents=batch.agents,
-        old=batch.old,
+        sample=batch.sample,
         valid=batch.valid,
         loss_mask=batch.loss_mask,
         groups=batch.groups,
+        old=old,
         ref=ref,
         kl=kl,
-        returns=returns,
-        advantages=advantages,
+        returns=est.returns,
+        advantages=est.advantages,
+        signal=est.signal,
+        is_weights=weights,
+        counts=est.counts,
     )

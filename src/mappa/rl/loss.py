@@ -45,17 +45,22 @@ def policy_loss(
     normalizer: float | None = None,
     logp_ref: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip loss and its statistics.
 
-    per-token loss = max(-A_t * rho_t, -A_t * clip(rho_t, 1-eps_low, 1+eps_high))
+    per-token loss = w_t * max(-A_t * rho_t, -A_t * clip(rho_t, 1-eps_low, 1+eps_high))
     (+ beta * k(logp, logp_ref) when the KL lives in the loss), rho_t = exp(logp_t - logp_old_t),
-    aggregated by ``cfg.agg`` over unmasked tokens.
+    aggregated by ``cfg.agg`` over unmasked tokens. ``w_t`` are the truncated importance
+    weights (``is_weights``, constants; 1 when ``None``); as in verl and OpenRLHF they scale
+    the clipped policy term only, not the KL term.
     """
     ratio = torch.exp(logp - logp_old)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
     per_token = torch.maximum(unclipped, clipped)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     kl_term = None
     if cfg.kl_beta_in_loss > 0:
         if logp_ref is None:

@@ -1,9 +1,14 @@
 """One optimizer step per agent, and the whole update of a training step.
 
 ``update_agents`` is what the training loop calls after the coach scored a step's episodes:
-it makes the experience (``mappa.rl.experience``: padded batch, reference log-probs, KL,
-advantages over the whole batch), runs ``policy_step`` for each agent on its rows, and
-adapts the KL coefficient. The model is reached only through ``TrainablePolicy``.
+it makes the experience (``mappa.rl.experience``: padded batch, recomputed old and reference
+log-probs, KL, advantages over the whole batch), runs ``policy_step`` for each agent on its
+rows, and adapts the KL coefficient. The model is reached only through ``TrainablePolicy``.
+
+An agent none of whose actions carries reward signal (every scalar reward it is compared
+with is equal, or every completion is masked out) takes no optimizer step at all: Adam
+normalizes the step, so a gradient of 1e-9 (the KL term's noise) would move the weights as
+far as a gradient of 1. The skip is logged as ``rl/<agent>/skipped``.
 """
 
 from __future__ import annotations
@@ -16,7 +21,14 @@ import torch
 
 from mappa.config import RLConfig
 from mappa.models.interface import TrainablePolicy
-from mappa.rl.experience import Experience, fit_width, make_experience, scored_actions
+from mappa.rl.experience import (
+    Experience,
+    check_group_sizes,
+    fit_width,
+    make_experience,
+    micro_batches,
+    scored_actions,
+)
 from mappa.rl.kl import KLController
 from mappa.rl.loss import LossConfig, policy_loss
 from mappa.workflow.records import Episode
@@ -30,7 +42,7 @@ class UpdateStats:
     tokens: int
     loss: float = 0.0
     mean_reward: float = 0.0
-    mean_kl: float = 0.0
+    mean_kl: float | None = None  # None: the run applies no KL, so none was measured
     clip_frac: float = 0.0
     approx_kl: float = 0.0
     entropy: float = 0.0
@@ -51,16 +63,33 @@ def policy_step(
     """One optimizer step for ``agent`` over its rows of ``exp`` (micro-batched).
 
     PPO-clip loss on the rows' unmasked tokens (aggregated over the agent's whole batch, so
-    micro-batches add up to one batch loss), grad-norm clipping, one optimizer step.
-    ``mean_kl`` is read from ``exp.kl``, which the experience computed once.
+    micro-batches add up to one batch loss), ratio against the recomputed old log-probs,
+    truncated importance weights, grad-norm clipping, one optimizer step. No step at all
+    (``skipped`` says why) when the agent has no action, every completion is masked out, or
+    no action carries reward signal. ``mean_kl`` is read from ``exp.kl``, computed once.
     """
     rows = exp.rows(agent)
     if not rows:
         return UpdateStats(0, 0, skipped="no actions")
     mask = exp.loss_mask[rows]
     n_tokens = int(mask.sum())
+    mean_reward = float(exp.groups.rewards[rows].mean())
     if n_tokens == 0:
-        return UpdateStats(len(rows), 0, skipped="every completion truncated (masked)")
+        return UpdateStats(
+            len(rows),
+            0,
+            mean_reward=mean_reward,
+            mean_kl=exp.mean_kl(rows),
+            skipped="every completion truncated (masked)",
+        )
+    if not bool(exp.signal[rows].any()):
+        return UpdateStats(
+            len(rows),
+            n_tokens,
+            mean_reward=mean_reward,
+            mean_kl=exp.mean_kl(rows),
+            skipped="no reward signal (every reward it is compared with is equal)",
+        )
     normalizer = (
         float(n_tokens) if cfg.loss_agg == "token_mean" else float((mask.sum(-1) > 0).sum())
     )
@@ -74,8 +103,7 @@ def policy_step(
     width = exp.old.shape[1]
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0}
-    for start in range(0, len(rows), cfg.micro_batch_size):
-        idx = rows[start : start + cfg.micro_batch_size]
+    for idx in micro_batches(rows, cfg.micro_batch_size):
         m = exp.loss_mask[idx]
         if m.sum() == 0:
             continue
@@ -96,8 +124,9 @@ def policy_step(
             m.to(dev),
             loss_cfg,
             normalizer=normalizer,
-            logp_ref=exp.ref[idx].to(dev),
+            logp_ref=None if exp.ref is None else exp.ref[idx].to(dev),
             entropy=None if out.entropy is None else fit_width(out.entropy.detach(), width),
+            is_weights=None if exp.is_weights is None else exp.is_weights[idx].to(dev),
         )
         torch.autograd.backward(loss)  # = loss.backward(), whose signature is unannotated
         share = float(m.sum()) / n_tokens  # token-weighted averages of the statistics
@@ -110,7 +139,7 @@ def policy_step(
     return UpdateStats(
         actions=len(rows),
         tokens=n_tokens,
-        mean_reward=float(exp.groups.rewards[rows].mean()),
+        mean_reward=mean_reward,
         mean_kl=exp.mean_kl(rows),
         grad_norm=float(grad_norm),
         loss=totals["loss"],
@@ -135,9 +164,15 @@ def update_agents(
     """Advantages over the whole batch, one optimizer step per agent, then adapt beta.
 
     Returns the step's metrics: ``kl_beta`` (the beta used), ``trained_actions``,
-    ``rl/<agent>/<stat>`` for every ``UpdateStats`` field, and ``mean_kl`` over all real
-    completion tokens (``None`` when no action was scored).
+    ``rl/<agent>/<stat>`` for every ``UpdateStats`` field, ``mean_kl`` over all real
+    completion tokens (``None`` when no action was scored or the run applies no KL),
+    ``rl/logprob_gap_max`` and ``rl/logprob_gap_mean`` (|recomputed old - sampling|),
+    ``rl/tis_capped_frac`` (with ``rl.tis_cap``) and the estimator's degenerate-case counts
+    (``rl/unwhitened_scopes``; ``rl/flat_groups``, ``rl/singleton_groups``).
+
+    Raises ``ValueError`` for ``grpo``/``rloo`` when a task was sampled only once.
     """
+    check_group_sizes(episodes, cfg.advantage)
     items = scored_actions(episodes, exclude_flagged)
     out: dict[str, Any] = {"kl_beta": kl_ctl.beta, "trained_actions": len(items)}
     if not items:
@@ -150,5 +185,10 @@ def update_agents(
         )
         out.update({f"rl/{name}/{k}": v for k, v in asdict(stats).items()})
     out["mean_kl"] = exp.mean_kl()
-    kl_ctl.update(out["mean_kl"], int(exp.valid.sum()))
+    out["rl/logprob_gap_max"], out["rl/logprob_gap_mean"] = exp.logprob_gap()
+    if exp.is_weights is not None:
+        out["rl/tis_capped_frac"] = exp.tis_capped_frac()
+    out.update({f"rl/{k}": v for k, v in exp.counts.items()})
+    if out["mean_kl"] is not None:
+        kl_ctl.update(out["mean_kl"], int(exp.valid.sum()))
     return out
