@@ -20,6 +20,9 @@ class ChatFormat:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.eos_text = tokenizer.eos_token or ""
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self.special_ids: set[int] = {i for i, t in added.items() if getattr(t, "special", False)}
+        self.special_ids |= set(tokenizer.all_special_ids)
 
     def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -39,13 +42,25 @@ class ChatFormat:
         )
         return self.encode(text)
 
-    def tool_turn(self, content: str, completion_ended_with_stop: bool) -> list[int]:
+    def tool_turn(
+        self,
+        content: str,
+        completion_ended_with_stop: bool | None = None,
+        *,
+        last_token: int | None = None,
+    ) -> list[int]:
         """Ids to append after a sampled completion to add a user turn and a new assistant header.
 
         Found by rendering a conversation whose assistant message is a sentinel and keeping
-        what the template writes after it. If the completion already ended with the stop
-        token (the usual case), the template's copy of it is dropped; a truncated completion
-        gets it, so the context stays well-formed.
+        what the template writes after it. That text opens with the template's end-of-turn
+        marker (ChatML's ``<|im_end|>``); it is dropped only when the completion's last token
+        (``last_token``) *is* that marker, which the completion then already holds. A
+        completion that stopped on another stop token (Qwen's ``<|endoftext|>``), was
+        truncated, or is empty (``last_token=None``) gets the marker, so the next turn is
+        well-formed either way.
+
+        ``completion_ended_with_stop`` is the older form, kept for existing callers
+        (``True``: the completion ended with the tokenizer's eos token); pass ``last_token``.
         """
         messages = [
             {"role": "system", "content": "s"},
@@ -58,6 +73,20 @@ class ChatFormat:
         if at < 0:
             raise ValueError("chat template dropped the assistant message; cannot build tool turns")
         delta = text[at + len(_SENTINEL) :]
-        if completion_ended_with_stop and self.eos_text and delta.startswith(self.eos_text):
-            delta = delta[len(self.eos_text) :]
+        marker = self._end_of_turn(delta)
+        if completion_ended_with_stop is not None:
+            if last_token is not None:
+                raise TypeError("pass last_token or completion_ended_with_stop, not both")
+            last_token = self.tokenizer.eos_token_id if completion_ended_with_stop else None
+        if marker is not None and last_token == marker[0]:
+            delta = delta[len(marker[1]) :]
         return self.encode(delta)
+
+    def _end_of_turn(self, delta: str) -> tuple[int, str] | None:
+        """(id, text) of the special token the template writes right after an assistant
+        message, or ``None`` when it writes none there."""
+        ids = self.encode(delta)
+        if not ids or ids[0] not in self.special_ids:
+            return None
+        marker = self.decode(ids[:1], skip_special=False)
+        return (ids[0], marker) if delta.startswith(marker) else None
