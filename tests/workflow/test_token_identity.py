@@ -80,7 +80,12 @@ def test_tool_loop_second_prompt_is_real_context_and_is_trained_on(
         assert ep.correct is True and ep.final_answer == "17"
         first, second = ep.agent_actions("code_executor")
         assert first.tool_observation == "17" and second.tool_observation is None
-        tool_turn = chat.tool_turn(cfg.workflow.tool_turn_template.format(observation="17"), True)
+        tool_turn = chat.tool_turn(
+            cfg.workflow.tool_turn_template.format(observation="17"),
+            last_token=first.completion_ids[-1],
+        )
+        assert first.completion_ids[-1] == tiny.tokenizer.eos_token_id  # <|im_end|>, once:
+        assert tool_turn[0] != tiny.tokenizer.eos_token_id  # the turn does not close it again
         assert second.prompt_ids == first.prompt_ids + first.completion_ids + tool_turn
         assert "Code output:" in second.prompt_text and "print(12 + 5)" in second.prompt_text
         verifier = ep.agent_actions("verifier")[0]
@@ -124,7 +129,9 @@ def test_sampling_logprobs_match_training_logprobs_across_a_tool_turn(tiny: Agen
     ]
     first = tiny.generate("code_executor", prompts, max_new_tokens=10)
     second_prompts = [
-        s.prompt_ids + s.completion_ids + chat.tool_turn("Code output:\n17", not s.truncated)
+        s.prompt_ids
+        + s.completion_ids
+        + chat.tool_turn("Code output:\n17", last_token=s.completion_ids[-1])
         for s in first
     ]
     second = tiny.generate("code_executor", second_prompts, max_new_tokens=10)
