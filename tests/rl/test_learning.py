@@ -1,0 +1,190 @@
+"""The update on a real (tiny, random) model: it pushes the right way, and only where it
+should. Completions are really sampled (``AgentPolicies.generate``), so the sampling
+log-probs are the sampler's own, not the trainer's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mappa.config import LoraConfig, RLConfig
+from mappa.models.loading import load_base
+from mappa.models.policies import AgentPolicies
+from mappa.rl.kl import KLController
+from mappa.rl.update import update_agents
+from mappa.workflow.records import Action, Episode, Score
+
+AGENTS = ["solver", "executor", "verifier"]
+QUESTIONS = [
+    "Ava has 12 apples.",
+    "Then they get 5 more apples.",
+    "How many apples does Ava have now?",
+    "Code output: 17.",
+    "The answer is 17.",
+    "You are the Verifier.",
+]
+
+
+def _policies(model_dir: Path) -> AgentPolicies:
+    """Fresh adapters on the tiny base: step 0."""
+    base, tok = load_base(str(model_dir), dtype="float32", device="cpu")
+    return AgentPolicies(base, tok, AGENTS, LoraConfig())
+
+
+def _adapters(policies: AgentPolicies) -> dict[str, list[torch.Tensor]]:
+    return {n: [p.detach().clone() for p in policies.adapter_parameters(n)] for n in AGENTS}
+
+
+def _identical(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _episodes(
+    policies: AgentPolicies,
+    scores: dict[str, list[float]],
+    correct: bool | None = None,
+    seed: int = 0,
+) -> list[Episode]:
+    """One episode per question; in it each agent in ``scores`` samples one completion (a
+    real sample, with its sampling log-probs) scored ``scores[agent][i]``."""
+    tok = policies.tokenizer
+    prompts = [tok(q)["input_ids"] for q in QUESTIONS]
+    episodes = [
+        Episode(f"e{i}", f"t{i}", q, "17", correct=correct) for i, q in enumerate(QUESTIONS)
+    ]
+    torch.manual_seed(seed)
+    for agent, values in scores.items():
+        samples = policies.generate(agent, prompts, max_new_tokens=8, temperature=1.0)
+        for ep, s, v in zip(episodes, samples, values, strict=True):
+            ep.actions.append(
+                Action(
+                    ep.episode_id,
+                    agent,
+                    0,
+                    s.prompt_ids,
+                    s.completion_ids,
+                    s.logprobs,
+                    "",
+                    "",
+                    s.truncated,
+                    coach=Score(v),
+                )
+            )
+    return episodes
+
+
+def _step(
+    policies: AgentPolicies,
+    episodes: list[Episode],
+    cfg: RLConfig,
+    optimizers: dict[str, torch.optim.Optimizer] | None = None,
+) -> dict[str, object]:
+    params = {n: policies.adapter_parameters(n) for n in AGENTS}
+    optimizers = optimizers or {n: torch.optim.Adam(params[n], lr=1e-2) for n in AGENTS}
+    return update_agents(
+        policies,
+        episodes,
+        AGENTS,
+        optimizers,
+        params,
+        cfg,
+        KLController(cfg.kl_beta),
+        exclude_flagged=True,
+        temperature=1.0,
+    )
+
+
+def _seq_logprobs(policies: AgentPolicies, agent: str, actions: list[Action]) -> torch.Tensor:
+    """Sum of log-probs of each completion under ``agent``'s current adapter."""
+    with torch.no_grad():
+        lp = policies.completion_logprobs(
+            agent, [a.prompt_ids for a in actions], [a.completion_ids for a in actions]
+        ).logprobs
+    return lp.sum(-1)
+
+
+def test_updates_raise_high_advantage_completions_and_touch_no_other_agent(
+    tiny_model_dir: Path,
+) -> None:
+    policies = _policies(tiny_model_dir)
+    high, low = [9.0, 9.0, 9.0], [1.0, 1.0, 1.0]
+    # the solver's scores differ (signal); the executor's all tie (none); the verifier is idle
+    episodes = _episodes(policies, {"solver": high + low, "executor": [5.0] * 6})
+    solver = [a for ep in episodes for a in ep.agent_actions("solver")]
+    before = _seq_logprobs(policies, "solver", solver)
+    adapters = _adapters(policies)
+    cfg = RLConfig(mask_truncated=False)
+    params = {n: policies.adapter_parameters(n) for n in AGENTS}
+    optimizers: dict[str, torch.optim.Optimizer] = {
+        n: torch.optim.Adam(params[n], lr=1e-2) for n in AGENTS
+    }
+    for _ in range(3):  # the same batch again: off-policy after the first step (TIS at work)
+        out = _step(policies, episodes, cfg, optimizers)
+        assert out["rl/solver/skipped"] == ""
+        assert str(out["rl/executor/skipped"]).startswith("no reward signal")
+        assert out["rl/verifier/skipped"] == "no actions"
+    after = _seq_logprobs(policies, "solver", solver)
+    change = (after - before).tolist()
+    print(f"solver log-prob change per completion (3 high, 3 low): {change}")
+    assert all(c > 0 for c in change[:3]), change  # high advantage: more likely
+    assert all(c < 0 for c in change[3:]), change  # low advantage: less likely
+    assert not _identical(policies.adapter_parameters("solver"), adapters["solver"])
+    for other in ("executor", "verifier"):
+        assert _identical(policies.adapter_parameters(other), adapters[other]), other
+
+
+@pytest.mark.parametrize(
+    "advantage, scores, trained",
+    [
+        ("outcome_only", [7.0, 3.0, 9.0, 1.0, 4.0, 6.0], False),
+        ("reinforce_pp", [5.0] * 6, False),
+        ("reinforce_pp", [5.0] * 6, True),
+    ],
+    ids=["every_outcome_0", "tied_coach_scores", "tied_after_a_step"],
+)
+def test_a_batch_without_reward_signal_changes_no_adapter(
+    tiny_model_dir: Path, advantage: str, scores: list[float], trained: bool
+) -> None:
+    policies = _policies(tiny_model_dir)
+    if trained:  # adapters away from the base: the KL term is no longer ~0
+        warm = _episodes(policies, dict.fromkeys(AGENTS, [9.0, 1.0] * 3), seed=2)
+        _step(policies, warm, RLConfig(mask_truncated=False))
+    episodes = _episodes(policies, dict.fromkeys(AGENTS, scores), correct=False)
+    adapters = _adapters(policies)
+    cfg = RLConfig.model_validate({"advantage": advantage, "mask_truncated": False})
+    out = _step(policies, episodes, cfg)
+    assert out["rl/unwhitened_scopes"] == 3  # one scope per agent, none whitened
+    if trained:
+        kl = out["mean_kl"]
+        print(f"flat batch after a step: mean_kl {kl}")
+        assert isinstance(kl, float) and abs(kl) > 1e-6
+    for n in AGENTS:
+        assert str(out[f"rl/{n}/skipped"]).startswith("no reward signal"), n
+        assert _identical(policies.adapter_parameters(n), adapters[n]), n  # bit-identical
+
+
+def test_at_step_0_recomputed_old_logprobs_match_the_sampling_ones(tiny_model_dir: Path) -> None:
+    policies = _policies(tiny_model_dir)
+    scores = {n: [float(v) for v in range(6)] for n in AGENTS}
+    episodes = _episodes(policies, scores, seed=1)
+    out = _step(policies, episodes, RLConfig(mask_truncated=False, micro_batch_size=4))
+    gap_max, gap_mean = out["rl/logprob_gap_max"], out["rl/logprob_gap_mean"]
+    print(
+        f"step 0: logprob gap max {gap_max:.3g} mean {gap_mean:.3g}; "
+        f"tis capped {out['rl/tis_capped_frac']}; mean_kl {out['mean_kl']}; "
+        + "; ".join(
+            f"{n} clip {out[f'rl/{n}/clip_frac']} approx_kl {out[f'rl/{n}/approx_kl']:.3g}"
+            for n in AGENTS
+        )
+    )
+    assert isinstance(gap_max, float) and isinstance(gap_mean, float)
+    assert gap_max < 1e-4 and gap_mean < 1e-5  # sampler (KV cache) vs one training forward
+    assert out["rl/tis_capped_frac"] == 0.0
+    assert out["mean_kl"] == pytest.approx(0.0, abs=1e-6)  # fresh LoRA (B = 0) is the base
+    for n in AGENTS:
+        assert out[f"rl/{n}/skipped"] == ""
+        # the ratio is taken against old log-probs from the update's own layout: exactly 1
+        assert out[f"rl/{n}/clip_frac"] == 0.0
+        assert out[f"rl/{n}/approx_kl"] == pytest.approx(0.0, abs=1e-12)
