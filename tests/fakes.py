@@ -61,7 +61,7 @@ class FakeCharChat:
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         return "".join(map(chr, ids))
 
-    def tool_turn(self, text: str, completion_ended_with_stop: bool = True) -> list[int]:
+    def tool_turn(self, text: str, *, last_token: int | None = None) -> list[int]:
         return self.encode(f"\n{text}\n")
 
 

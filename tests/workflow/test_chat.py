@@ -74,14 +74,6 @@ def test_truncated_or_empty_completion_gets_the_end_of_turn(
     assert full == _rendered(chat, "hello")
 
 
-def test_old_keyword_still_means_ended_with_eos(chat: ChatFormat) -> None:
-    eos = chat.tokenizer.eos_token_id
-    assert chat.tool_turn(TURN, True) == chat.tool_turn(TURN, last_token=eos)
-    assert chat.tool_turn(TURN, completion_ended_with_stop=False) == chat.tool_turn(TURN)
-    with pytest.raises(TypeError, match="not both"):
-        chat.tool_turn(TURN, True, last_token=eos)
-
-
 def test_end_of_turn_marker_need_not_be_the_tokenizer_eos(tiny_model_dir: Path) -> None:
     """A base model's tokenizer (Qwen base: eos <|endoftext|>) with a ChatML template: the
     marker is what the template writes, <|im_end|>, not the eos."""

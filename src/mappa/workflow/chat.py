@@ -45,7 +45,6 @@ class ChatFormat:
     def tool_turn(
         self,
         content: str,
-        completion_ended_with_stop: bool | None = None,
         *,
         last_token: int | None = None,
     ) -> list[int]:
@@ -58,9 +57,6 @@ class ChatFormat:
         completion that stopped on another stop token (Qwen's ``<|endoftext|>``), was
         truncated, or is empty (``last_token=None``) gets the marker, so the next turn is
         well-formed either way.
-
-        ``completion_ended_with_stop`` is the older form, kept for existing callers
-        (``True``: the completion ended with the tokenizer's eos token); pass ``last_token``.
         """
         messages = [
             {"role": "system", "content": "s"},
@@ -74,10 +70,6 @@ class ChatFormat:
             raise ValueError("chat template dropped the assistant message; cannot build tool turns")
         delta = text[at + len(_SENTINEL) :]
         marker = self._end_of_turn(delta)
-        if completion_ended_with_stop is not None:
-            if last_token is not None:
-                raise TypeError("pass last_token or completion_ended_with_stop, not both")
-            last_token = self.tokenizer.eos_token_id if completion_ended_with_stop else None
         if marker is not None and last_token == marker[0]:
             delta = delta[len(marker[1]) :]
         return self.encode(delta)

@@ -221,7 +221,7 @@ class PipelineRunner:
                     + list(sample.completion_ids)
                     + self.chat.tool_turn(
                         self.workflow.tool_turn_template.format(observation=shown),
-                        completion_ended_with_stop=not sample.truncated,
+                        last_token=sample.completion_ids[-1] if sample.completion_ids else None,
                     )
                 )
                 if len(nxt) <= self.max_prompt_tokens:
