@@ -1,9 +1,10 @@
 """REINFORCE++ as used by MAPPA: pure tensor functions plus the per-agent update step.
 
 ``kl`` (KL estimators, controller), ``core`` (token rewards, returns, whitening),
-``advantages`` (estimators by name), ``loss`` (PPO-clip), ``rewards`` (action reward),
-``experience`` (episodes -> padded batch with reference log-probs, KL, advantages) and
-``update`` (one optimizer step per agent; ``update_agents`` for a whole training step).
+``advantages`` (estimators by name), ``loss`` (PPO-clip, truncated importance weights),
+``rewards`` (action reward), ``experience`` (episodes -> padded batch with recomputed old
+and reference log-probs, KL, advantages) and ``update`` (one optimizer step per agent, none
+for an agent without reward signal; ``update_agents`` for a whole training step).
 """
 
 from mappa.rl.advantages import ADVANTAGE_ESTIMATORS, get_estimator, register_estimator
