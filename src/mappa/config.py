@@ -326,7 +326,28 @@ class RLConfig(_Strict):
         "token_mean",
         description="Average the loss over all tokens, or per sequence then over sequences.",
     )
-    lr: float = Field(1e-4, gt=0.0, description="Adam learning rate (LoRA needs ~1e-5..1e-4).")
+    lr: float = Field(
+        1e-4,
+        gt=0.0,
+        description="Adam learning rate, peak of the schedule. mappa trains LoRA adapters "
+        "(B starts at 0), which need ~1e-5..1e-4; the paper's 1e-6 is for full finetuning "
+        "and barely moves an adapter (a warning says so).",
+    )
+    adam_betas: tuple[float, float] = Field(
+        (0.9, 0.95), description="Adam betas (OpenRLHF's, which the reference code runs on)."
+    )
+    adam_eps: float = Field(1e-8, gt=0.0, description="Adam epsilon.")
+    lr_schedule: Literal["cosine", "constant"] = Field(
+        "cosine",
+        description="`cosine`: linear warmup, then cosine decay to `min_lr_ratio` x lr by the "
+        "last step (OpenRLHF's cosine_with_min_lr). `constant`: lr throughout, after warmup.",
+    )
+    lr_warmup_ratio: float = Field(
+        0.03, ge=0.0, lt=1.0, description="Share of `train.steps` spent warming up linearly."
+    )
+    min_lr_ratio: float = Field(
+        0.1, ge=0.0, le=1.0, description="Final lr of the cosine schedule, as a share of lr."
+    )
     weight_decay: float = Field(0.0, ge=0.0, description="Adam weight decay on the adapters.")
     grad_clip: float = Field(1.0, gt=0.0, description="Global grad-norm clip per agent.")
     mask_truncated: bool = Field(

@@ -8,6 +8,7 @@ placeholders) and is called by the CLI before anything heavy is imported or load
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,8 @@ from mappa.sandbox.limits import MiB
 from mappa.workflow.interface import Phase, SamplingParams
 
 if TYPE_CHECKING:
+    import torch
+
     from mappa.coach import CoachBackend
     from mappa.models.interface import SamplingPolicy
     from mappa.models.policies import AgentPolicies
@@ -26,12 +29,24 @@ if TYPE_CHECKING:
     from mappa.workflow.runner import PipelineRunner
 
 
+LORA_MIN_LR = 1e-5
+"""Below this a LoRA run barely learns (the paper's 1e-6 is a full-finetuning rate)."""
+
+
 def check(cfg: RunConfig) -> None:
     """Everything about ``cfg`` that can fail before a model loads and needs other modules.
 
-    Raises ``TemplateError`` (a ``ValueError``) naming the template problem.
+    Raises ``TemplateError`` (a ``ValueError``) naming the template problem; warns about a
+    learning rate too small to move a LoRA adapter.
     """
     coach_template(cfg)
+    if cfg.rl.lr < LORA_MIN_LR:
+        warnings.warn(
+            f"rl.lr={cfg.rl.lr:g} is a full-finetuning rate; LoRA adapters start at B=0 and "
+            f"barely move below {LORA_MIN_LR:g} (try 1e-5..1e-4)",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 def coach_template(cfg: RunConfig) -> CoachTemplate:
@@ -100,6 +115,23 @@ def _coach_backend(
         model, tokenizer = load_base(local.model_path, cfg.model.dtype, cfg.model.device)
         dist = ScoreDistributionModel(model, tokenizer, local.batch_size)
     return LocalCoach(dist, template)
+
+
+def make_optimizers(
+    cfg: RunConfig, policies: AgentPolicies
+) -> tuple[dict[str, list[torch.nn.Parameter]], dict[str, torch.optim.Adam]]:
+    """Per agent: its adapter's parameters and an Adam over them (the lr is set every step
+    from ``rl.lr_schedule``: ``mappa.rl.schedule.set_step_lr``)."""
+    import torch
+
+    r = cfg.rl
+    params, optimizers = {}, {}
+    for agent in (a.name for a in cfg.agents):
+        params[agent] = policies.adapter_parameters(agent)
+        optimizers[agent] = torch.optim.Adam(
+            params[agent], lr=r.lr, betas=r.adam_betas, eps=r.adam_eps, weight_decay=r.weight_decay
+        )
+    return params, optimizers
 
 
 def sandbox_limits(cfg: SandboxConfig) -> Limits:

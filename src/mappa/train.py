@@ -28,6 +28,7 @@ from mappa.evaluation import TrainingEvaluator, training_tasks
 from mappa.jsonl import append_jsonl
 from mappa.report.metrics import agent_metrics
 from mappa.rl.kl import KLController
+from mappa.rl.schedule import set_step_lr
 from mappa.rl.update import update_agents
 from mappa.tasks import Task
 from mappa.workflow.interface import RolloutInput
@@ -83,6 +84,7 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
     ``policies`` may be passed in already loaded (notebooks, tests); by default they are
     built from ``cfg.model``.
     """
+    factory.check(cfg)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     run_dir = resolve_run_dir(cfg.run_dir)
@@ -93,14 +95,11 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
     log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
 
     policies = policies or factory.load_policies(cfg)
-    coach = factory.make_coach(cfg, policies)
+    outcome_only = cfg.rl.advantage == "outcome_only"  # the reward needs no coach: ask none
+    coach = None if outcome_only else factory.make_coach(cfg, policies)
     names = [a.name for a in cfg.agents]
     roles = {a.name: a.role for a in cfg.agents}
-    params = {n: policies.adapter_parameters(n) for n in names}
-    optimizers = {
-        n: torch.optim.Adam(params[n], lr=cfg.rl.lr, weight_decay=cfg.rl.weight_decay)
-        for n in names
-    }
+    params, optimizers = factory.make_optimizers(cfg, policies)
     batches = task_batches(
         tasks, cfg.train.prompts_per_step, cfg.train.samples_per_prompt, cfg.seed
     )
@@ -111,14 +110,18 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
             rollout = runner.run(RolloutInput(next(batches), step, "train"))
             episodes = rollout.episodes
             t0 = time.monotonic()
-            scores = score_episodes(
-                coach,
-                episodes,
-                roles,
-                names[-1],
-                cfg.coach.observation_chars,
-                cfg.coach.show_ground_truth,
-                cfg.rollout.max_new_tokens,
+            scores = (
+                []
+                if coach is None
+                else score_episodes(
+                    coach,
+                    episodes,
+                    roles,
+                    names[-1],
+                    cfg.coach.observation_chars,
+                    cfg.coach.show_ground_truth,
+                    cfg.rollout.max_new_tokens,
+                )
             )
             t_coach = time.monotonic() - t0
             append_episodes(run_dir / "episodes.jsonl", episodes)  # before training on them
@@ -127,6 +130,7 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
             prices = cfg.coach.price_per_mtok
             metrics.update(accounting(scores, prices.prompt, prices.completion))
             metrics.update(bias(episodes, names[-1]))
+            metrics["lr"] = set_step_lr(optimizers.values(), cfg.rl, step, cfg.train.steps)
             metrics.update(
                 update_agents(
                     policies,

@@ -108,9 +108,13 @@ class Experience(RolloutBatch):
 
 
 def scored_actions(
-    episodes: Sequence[Episode], exclude_flagged: bool
+    episodes: Sequence[Episode], exclude_flagged: bool, needs_score: bool = True
 ) -> list[tuple[Episode, Action]]:
-    """(episode, action) pairs with a coach score, minus flagged scores if excluded."""
+    """(episode, action) pairs to train on: those with a coach score, minus flagged scores if
+    excluded; every action when the reward needs no score (``outcome_only``: no coach is
+    asked, so a coach outage cannot drop an action)."""
+    if not needs_score:
+        return [(e, a) for e in episodes for a in e.actions]
     return [
         (e, a)
         for e in episodes
@@ -166,12 +170,15 @@ def build_batch(items: Sequence[tuple[Episode, Action]], cfg: RLConfig) -> Rollo
     valid = (torch.arange(width)[None, :] < lengths[:, None]).float()
     keep = torch.tensor([0.0 if (cfg.mask_truncated and a.truncated) else 1.0 for a in actions])
     outcomes = [None if ep.correct is None else float(ep.correct) for ep, _ in items]
-    rewards = [
-        mix_reward(
-            a.coach.value if a.coach else 0.0, o, cfg.w_process, cfg.w_outcome, cfg.reward_clip
-        )
-        for (_, a), o in zip(items, outcomes, strict=True)
-    ]
+    if cfg.advantage == "outcome_only":  # the reward used, and logged, is the outcome itself
+        rewards = [o or 0.0 for o in outcomes]
+    else:
+        rewards = [
+            mix_reward(
+                a.coach.value if a.coach else 0.0, o, cfg.w_process, cfg.w_outcome, cfg.reward_clip
+            )
+            for (_, a), o in zip(items, outcomes, strict=True)
+        ]
     scope_keys: dict[str, Callable[[Episode, Action], Hashable]] = {
         "agent": lambda ep, a: a.agent,
         "global": lambda ep, a: 0,

@@ -1,0 +1,55 @@
+"""The factory: checks before anything loads, optimizers and their schedule, and runs that
+need no coach build none."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import tiny_run_config
+
+from mappa import factory
+from mappa.cli import default_config
+from mappa.config import load_config
+from mappa.jsonl import read_jsonl
+from mappa.rl.schedule import set_step_lr
+from mappa.workflow.records import read_episodes
+
+
+def test_a_full_finetuning_lr_warns_for_lora() -> None:
+    with pytest.warns(UserWarning, match=r"rl.lr=1e-06 is a full-finetuning rate"):
+        factory.check(load_config(default_config(), ["rl.lr=1e-6"]))
+
+
+def test_optimizers_follow_the_configured_betas_and_schedule(tiny_model_dir: Path) -> None:
+    cfg = tiny_run_config(tiny_model_dir, Path("unused"), "train.steps=5", "rl.lr=0.01")
+    params, optimizers = factory.make_optimizers(cfg, factory.load_policies(cfg))
+    assert set(params) == set(optimizers) == {a.name for a in cfg.agents}
+    adam = optimizers["verifier"]
+    assert adam.defaults["betas"] == (0.9, 0.95) and adam.defaults["eps"] == 1e-8
+    lrs = [set_step_lr(optimizers.values(), cfg.rl, step, 5) for step in range(5)]
+    assert all(o.param_groups[0]["lr"] == lrs[-1] for o in optimizers.values())
+    # cosine from 0.01 to 0.1 x 0.01 over 5 steps (3% warmup of 5 steps rounds to none)
+    assert [round(lr, 5) for lr in lrs] == [0.01, 0.00868, 0.0055, 0.00232, 0.001]
+
+
+def test_outcome_only_asks_no_coach(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Replay mode over an empty cache fails on the first coach call: none may be made."""
+    from mappa.train import train
+
+    cfg = tiny_run_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "train.steps=1",
+        "rl.advantage=outcome_only",
+        "coach.cache.mode=replay",
+        f"coach.cache.path={tmp_path / 'empty.sqlite'}",
+    )
+    run_dir = train(cfg)
+    episodes = read_episodes(run_dir / "episodes.jsonl")
+    actions = [a for e in episodes for a in e.actions]
+    assert actions and all(a.coach is None for a in actions)
+    [m] = read_jsonl(run_dir / "metrics.jsonl")
+    assert m["trained_actions"] == len(actions) and m["coach/calls"] == 0
+    for agent in ("problem_solver", "code_executor", "verifier"):  # the reward used: outcome 0
+        assert m[f"rl/{agent}/mean_reward"] == 0.0
