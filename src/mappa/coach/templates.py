@@ -76,7 +76,9 @@ class CoachTemplate:
 
 
 def describe_pipeline(agents: Sequence[AgentConfig]) -> str:
-    """One line per agent, in order: its title, what it may do, and its role.
+    """One line per agent, in order: its title and what it may do (actions, code, files it
+    owes). The judged agent's own role is shown with each action (``{role}``), so the roles
+    are not repeated here: every coach call reads this text, and on a CPU its length is time.
 
     >>> from mappa.config import AgentConfig
     >>> print(describe_pipeline([
@@ -84,8 +86,8 @@ def describe_pipeline(agents: Sequence[AgentConfig]) -> str:
     ...     AgentConfig(name="code_executor", role="Run code.", input_template="{task}",
     ...                 max_actions=2, run_code=True, produces=["out.csv"]),
     ... ]))
-    1. Solver (1 action): Solve it.
-    2. Code Executor (up to 2 actions; its ```python blocks are run and it sees their output; must leave out.csv): Run code.
+    1. Solver: 1 action
+    2. Code Executor: up to 2 actions; its ```python blocks are run and it sees their output; must leave out.csv
     """  # noqa: E501 - a doctest's expected output line cannot be wrapped
     lines = []
     for i, agent in enumerate(agents, 1):
@@ -95,7 +97,7 @@ def describe_pipeline(agents: Sequence[AgentConfig]) -> str:
         if agent.produces:
             can.append("must leave " + ", ".join(agent.produces))
         title = agent.name.replace("_", " ").title()
-        lines.append(f"{i}. {title} ({'; '.join(can)}): {agent.role.strip()}")
+        lines.append(f"{i}. {title}: {'; '.join(can)}")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ distribution it was drawn from (temperature only; no hidden top-k/top-p warpers)
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -334,5 +335,10 @@ class AgentPolicies:
         for agent in self.agents:
             if self.base_name is not None:
                 self.model.peft_config[agent].base_model_name_or_path = self.base_name
-            self.model.save_pretrained(str(directory), selected_adapters=[agent])
+            with warnings.catch_warnings():
+                # PEFT looks for the base's config under that name to see whether the
+                # vocabulary was resized; a `pypi:` spec has none there, and mappa never
+                # resizes the vocabulary, so its "could not find a config" warning is noise.
+                warnings.filterwarnings("ignore", "Could not find a config file", UserWarning)
+                self.model.save_pretrained(str(directory), selected_adapters=[agent])
         return {agent: directory / agent for agent in self.agents}

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from mappa.config import RLConfig
-from mappa.models.interface import TrainablePolicy
+from mappa.models.interface import TokenLogprobs, TrainablePolicy
 from mappa.rl.advantages import Estimate, EstimatorConfig, Groups, get_estimator
 from mappa.rl.core import masked_mean, token_rewards
 from mappa.rl.kl import LOG_RATIO_CLAMP, kl_estimate
@@ -212,6 +212,23 @@ def micro_batches(rows: Sequence[int], size: int) -> list[list[int]]:
     return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
 
 
+def action_logprobs(
+    policy: TrainablePolicy,
+    agent: str | None,
+    actions: Sequence[Action],
+    temperature: float,
+    with_entropy: bool = False,
+) -> TokenLogprobs:
+    """Log-probs of the actions' completions exactly as sampled (their own token ids)."""
+    return policy.completion_logprobs(
+        agent,
+        [a.prompt_ids for a in actions],
+        [a.completion_ids for a in actions],
+        temperature,
+        with_entropy=with_entropy,
+    )
+
+
 def behaviour_logprobs(
     policy: TrainablePolicy, batch: RolloutBatch, micro_batch: int, temperature: float
 ) -> torch.Tensor:
@@ -222,12 +239,7 @@ def behaviour_logprobs(
         for agent in dict.fromkeys(batch.agents):
             for idx in micro_batches(batch.rows(agent), micro_batch):
                 chunk = [batch.actions[i] for i in idx]
-                lp = policy.completion_logprobs(
-                    agent,
-                    [a.prompt_ids for a in chunk],
-                    [a.completion_ids for a in chunk],
-                    temperature,
-                ).logprobs
+                lp = action_logprobs(policy, agent, chunk, temperature).logprobs
                 out[idx] = fit_width(lp.detach().float().cpu(), width)
     return out * batch.valid
 
@@ -243,10 +255,7 @@ def reference_logprobs(
     parts = []
     with torch.no_grad():
         for i in range(0, len(actions), micro_batch):
-            chunk = actions[i : i + micro_batch]
-            out = policy.completion_logprobs(
-                None, [a.prompt_ids for a in chunk], [a.completion_ids for a in chunk], temperature
-            )
+            out = action_logprobs(policy, None, actions[i : i + micro_batch], temperature)
             parts.append(fit_width(out.logprobs.float().cpu(), width))
     return torch.cat(parts)
 

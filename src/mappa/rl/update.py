@@ -23,6 +23,7 @@ from mappa.config import RLConfig
 from mappa.models.interface import TrainablePolicy
 from mappa.rl.experience import (
     Experience,
+    action_logprobs,
     check_group_sizes,
     fit_width,
     make_experience,
@@ -108,13 +109,7 @@ def policy_step(
         if m.sum() == 0:
             continue
         chunk = [exp.actions[i] for i in idx]
-        out = policy.completion_logprobs(
-            agent,
-            [a.prompt_ids for a in chunk],
-            [a.completion_ids for a in chunk],
-            temperature,
-            with_entropy=True,
-        )
+        out = action_logprobs(policy, agent, chunk, temperature, with_entropy=True)
         logp = fit_width(out.logprobs, width)
         dev = logp.device
         loss, stats = policy_loss(
