@@ -44,13 +44,15 @@ class BwrapBackend(LocalBackend):
     def _command(
         self, guest: list[str], workdir: Path, limits: Limits, env: dict[str, str]
     ) -> tuple[list[str], dict[str, str]]:
-        args = ["bwrap", *_system_mounts(), *_python_mounts(self.python)]
-        args += ["--proc", "/proc", "--dev", "/dev"]
+        args = ["bwrap", *_system_mounts(), "--proc", "/proc", "--dev", "/dev"]
         for tmp in ("/tmp", "/dev/shm"):
             if _version() >= (0, 7):
                 args += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", tmp]
             else:  # older bwrap cannot bound a tmpfs
                 args += ["--tmpfs", tmp, "--chmod", "1777", tmp]
+        # After the private /tmp: an interpreter (a venv) that lives under /tmp is mounted
+        # on top of it rather than hidden by it.
+        args += _python_mounts(self.python)
         w = str(workdir)
         args += [*_dirs_above(w), "--bind", w, w, "--chdir", w]
         if host_is_root():
