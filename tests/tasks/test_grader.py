@@ -6,8 +6,11 @@ stores it. Cases that reach sympy share one worker process, so the file runs in 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +147,20 @@ def test_time_limit_stops_a_runaway_comparison() -> None:
     assert grade(r"\boxed{10^{10^{10}}}", "1", timeout_s=1.0) is False
     assert time.monotonic() - start < 20  # 1 s limit + a worker restart, not minutes
     assert grade(r"\boxed{2\sqrt{2}}", r"\sqrt{8}")  # the worker comes back after a kill
+
+
+def test_grading_works_from_a_script_without_a_main_guard(tmp_path: Path) -> None:
+    """The sympy worker must not re-import the caller's ``__main__`` (as a spawned
+    ``multiprocessing`` child does, running an unguarded script again)."""
+    script = tmp_path / "grade_it.py"
+    script.write_text(
+        "from mappa.tasks.math import grade, grade_answer\n"
+        "print('RUN')\n"
+        "print(grade(r'\\boxed{2\\sqrt{2}}', r'\\sqrt{8}'))\n"
+        "print(grade_answer(r'\\boxed{x^2}', 'x^3').correct)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["RUN", "True", "False"]  # the script ran once

@@ -7,82 +7,120 @@ the comparison runs in one long-lived worker process that is killed and restarte
 call overruns. The worker starts on first use (about a second: it imports sympy) and most
 gradings never need it, because plain numbers are compared in-process first
 (``mappa.tasks.math``).
+
+The worker is a fresh interpreter started with ``python -c`` and a few lines of source
+(``_WORKER_SOURCE``), not a ``multiprocessing`` child: a spawned child re-imports the
+caller's ``__main__``, so a plain script without an ``if __name__ == "__main__"`` guard
+would run again in it and fail; a forked one would inherit torch threads and sandbox pipes.
+It imports nothing of ours, only ``math_verify``, on the parent's ``sys.path``.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
-import multiprocessing as mp
+import os
+import select
+import subprocess
+import sys
 import threading
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
+import time
 
 log = logging.getLogger(__name__)
 
+_WORKER_SOURCE = r"""
+import json, logging, os, sys
+sys.path[:] = json.loads(sys.argv[1])
+out = os.fdopen(os.dup(1), "w", buffering=1)  # replies only; stray prints go to stderr
+os.dup2(2, 1)
+# Timeouts are the parent's (it kills this process); math-verify warns when its are off.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-def _verify(gold: str, predicted: str) -> bool:
-    """``predicted`` equals ``gold`` by math-verify (both LaTeX, without ``$``)."""
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+targets = [LatexExtractionConfig(boxed_match_priority=-1), ExprExtractionConfig()]
 
-    targets = [LatexExtractionConfig(boxed_match_priority=-1), ExprExtractionConfig()]
+def equal(gold, predicted):
     g = parse(f"${gold}$", extraction_config=targets, parsing_timeout=None)
     p = parse(f"${predicted}$", extraction_config=targets, parsing_timeout=None)
     return bool(g and p and verify(g, p, timeout_seconds=None))
 
-
-def _serve(conn: Connection) -> None:
-    """Worker loop: answer ``(gold, predicted)`` pairs until the pipe closes."""
-    # Timeouts are ours (we kill this process); math-verify warns once when its are off.
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    while True:
-        try:
-            gold, predicted = conn.recv()
-        except EOFError:
-            return
-        try:
-            conn.send(_verify(gold, predicted))
-        except Exception:  # noqa: BLE001 - an unparseable answer is simply not equal
-            conn.send(False)
+out.write("ready\n")
+for line in sys.stdin:
+    gold, predicted = json.loads(line)
+    try:
+        verdict = equal(gold, predicted)
+    except Exception:  # an unparseable answer is simply not equal
+        verdict = False
+    out.write("1\n" if verdict else "0\n")
+"""
 
 
 class _Worker:
-    """One spawned process, restarted after a timeout; calls are serialized by a lock."""
+    """One ``python -c`` process, restarted after a timeout; calls are serialized by a lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._proc: BaseProcess | None = None
-        self._conn: Connection | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buffer = b""
         self._warm = False  # the worker has answered once: its imports are done
 
-    def _start(self) -> Connection:
-        if self._proc is None or not self._proc.is_alive() or self._conn is None:
-            # spawn, not fork: the parent may hold torch threads and open sandbox pipes.
-            ctx = mp.get_context("spawn")
-            parent, child = ctx.Pipe()
-            self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="math-verify")
-            self._proc.start()
-            child.close()
-            self._conn = parent
-        return self._conn
+    def _start(self) -> subprocess.Popen[bytes]:
+        if self._proc is None or self._proc.poll() is not None:
+            self.stop()
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER_SOURCE, json.dumps(sys.path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        return self._proc
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join()
-        if self._conn is not None:
-            self._conn.close()
-        self._proc, self._conn, self._warm = None, None, False
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+        self._proc, self._buffer, self._warm = None, b"", False
+
+    def _line(self, proc: subprocess.Popen[bytes], deadline: float) -> str | None:
+        """The worker's next reply line, or None when it did not come by ``deadline``."""
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:  # the worker died
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def _ask(self, gold: str, predicted: str, timeout_s: float) -> str | None:
+        proc = self._start()
+        assert proc.stdin is not None
+        proc.stdin.write((json.dumps([gold, predicted]) + "\n").encode())
+        proc.stdin.flush()
+        if not self._warm:  # the first call also waits for the worker's imports
+            self._warm = self._line(proc, time.monotonic() + 30.0 + timeout_s) == "ready"
+        return self._line(proc, time.monotonic() + timeout_s) if self._warm else None
 
     def equal(self, gold: str, predicted: str, timeout_s: float) -> bool:
         """True when equivalent; False when not, or when no verdict came within ``timeout_s``."""
         with self._lock:
-            conn = self._start()
-            conn.send((gold, predicted))
-            # The first call also waits for the worker's imports, which are not the answer's fault.
-            if conn.poll(timeout_s if self._warm else timeout_s + 30.0):
-                self._warm = True
-                return bool(conn.recv())
+            try:
+                reply = self._ask(gold, predicted, timeout_s)
+            except OSError:  # the worker died between calls (a closed pipe): once more
+                self.stop()
+                reply = self._ask(gold, predicted, timeout_s)
+            if reply in ("0", "1"):
+                return reply == "1"
             log.warning(
                 "answer comparison timed out after %.1fs: %r vs %r", timeout_s, predicted, gold
             )
