@@ -8,15 +8,20 @@ cannot contain them here, rather than run unlimited on this machine.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from mappa.sandbox import BwrapBackend, ExecutionResult, Limits
+from mappa.sandbox import BwrapBackend, ExecutionResult, Limits, ProcessBackend
+from mappa.sandbox import backends as backends_module
+from mappa.sandbox.backends import ALLOW_UNISOLATED_ENV, SandboxUnavailable, make_backend
+from mappa.sandbox.backends import process as process_module
 from mappa.sandbox.backends.local import LocalBackend
 from mappa.sandbox.identity import DEFAULT_UID_BASE, host_is_root
 from mappa.sandbox.limits import MiB
@@ -245,3 +250,92 @@ def test_ctypes_segfault_is_reported(backend: LocalBackend, ws: Path) -> None:
     result = run(backend, "import ctypes\nctypes.string_at(0)", ws)
     assert result.status == "killed" and result.exit_code == -11
     assert "SIGSEGV (segmentation fault)" in result.observation()
+
+
+# --- secrets: the trainer's environment (issue 13, item 6) ---------------------------------
+
+_TRAINER = """
+import json, sys, warnings
+from pathlib import Path
+from mappa.sandbox import BwrapBackend, Limits, ProcessBackend
+warnings.simplefilter("ignore")
+name, python, ws, code = json.loads(sys.argv[1])
+backend = BwrapBackend() if name == "bwrap" else ProcessBackend(python)
+r = backend.execute(code, Path(ws), Limits(wall_time_s=20, cpu_time_s=20))
+print(json.dumps([r.status, r.stdout, r.stderr]))
+"""
+
+_STEAL = """
+import os
+marker = "hunter2" + "-trainer-secret"
+print("own env:", os.environ.get("MAPPA_TEST_SECRET"))
+found = set()
+def look(pid):
+    try:
+        if marker.encode() in open(f"/proc/{pid}/environ", "rb").read():
+            found.add(pid)
+    except OSError:
+        pass
+pid = os.getppid()
+while pid > 1:  # every ancestor: the supervisor, bwrap, the trainer, its shell...
+    look(pid)
+    try:
+        pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        break
+for entry in os.listdir("/proc"):  # and every other process it can see
+    if entry.isdigit():
+        look(int(entry))
+print("FOUND" if found else "CLEAN", sorted(found))
+"""
+
+
+def steal_trainer_secret(name: str, python: str, ws: Path) -> str:
+    """Start a 'trainer' holding a secret in its environment; its sandboxed code hunts for it."""
+    env = {**os.environ, "MAPPA_TEST_SECRET": "hunter2-trainer-secret"}
+    args = json.dumps([name, python, str(ws), _STEAL])
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRAINER, args], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert proc.returncode == 0, proc.stderr
+    status, stdout, stderr = json.loads(proc.stdout.splitlines()[-1])
+    assert status == "ok", stderr
+    assert stdout.splitlines()[0] == "own env: None"  # the code's own environment is cleared
+    return str(stdout)
+
+
+def test_code_cannot_read_the_trainers_environment_through_proc(
+    backend: LocalBackend, ws: Path
+) -> None:
+    """A hostile program reads /proc/<pid>/environ of its parent, every ancestor and every
+    visible process for a secret the trainer holds: a contained backend must hide it."""
+    require_contained(backend)
+    out = steal_trainer_secret(backend.name, backend.python, ws)
+    assert "CLEAN" in out and "FOUND" not in out, out
+
+
+def test_the_hostile_program_finds_the_secret_when_code_runs_as_the_trainers_uid(
+    ws: Path,
+) -> None:
+    """The check above is not vacuous: run as the trainer's own uid, the same program finds
+    the secret (the mode ``make_backend`` refuses without MAPPA_ALLOW_UNISOLATED=1)."""
+    if ProcessBackend(sys.executable).runs_as_sandbox_uid():
+        pytest.skip("this interpreter runs code as a sandbox uid here: no unisolated mode")
+    out = steal_trainer_secret("process", sys.executable, ws)
+    assert "FOUND" in out, out
+
+
+def test_make_backend_refuses_the_unisolated_process_backend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(process_module, "host_is_root", lambda: False)  # code as our own uid
+    monkeypatch.delenv(ALLOW_UNISOLATED_ENV, raising=False)
+    with pytest.raises(SandboxUnavailable, match=r"/proc/<pid>/environ.*MAPPA_ALLOW_UNISOLATED=1"):
+        make_backend("process")
+    monkeypatch.setattr(backends_module, "bwrap_problem", lambda *a: "bwrap is not installed")
+    with pytest.raises(SandboxUnavailable, match=r"bwrap cannot run here .*not installed.*environ"):
+        make_backend("auto")
+    monkeypatch.setenv(ALLOW_UNISOLATED_ENV, "1")  # the user's explicit opt-in
+    backend = make_backend("auto")
+    assert isinstance(backend, ProcessBackend) and not backend.runs_as_sandbox_uid()
+    assert any("/proc/<pid>/environ" in w for w in backend.weaknesses())

@@ -9,7 +9,12 @@ from typing import Literal
 
 from mappa.sandbox.backends.base import Backend, SandboxUnavailable, Session
 from mappa.sandbox.backends.bwrap import BwrapBackend, bwrap_path
-from mappa.sandbox.backends.process import ProcessBackend, SandboxIsolationWarning
+from mappa.sandbox.backends.process import (
+    ALLOW_UNISOLATED_ENV,
+    ProcessBackend,
+    SandboxIsolationWarning,
+    check_isolation,
+)
 from mappa.sandbox.backends.sandboxfusion import SandboxFusionBackend
 from mappa.sandbox.identity import DEFAULT_UID_BASE
 from mappa.sandbox.limits import Limits
@@ -17,6 +22,7 @@ from mappa.sandbox.limits import Limits
 BackendName = Literal["auto", "bwrap", "process", "sandboxfusion"]
 
 __all__ = [
+    "ALLOW_UNISOLATED_ENV",
     "Backend",
     "BackendName",
     "BwrapBackend",
@@ -26,6 +32,7 @@ __all__ = [
     "SandboxUnavailable",
     "Session",
     "bwrap_problem",
+    "check_isolation",
     "make_backend",
 ]
 
@@ -52,7 +59,11 @@ def make_backend(
     uid_base: int = DEFAULT_UID_BASE,
     sandboxfusion_url: str = "http://localhost:8080",
 ) -> Backend:
-    """The backend called ``name``; ``auto`` is bwrap when it works here, else process."""
+    """The backend called ``name``; ``auto`` is bwrap when it works here, else process.
+
+    The process backend is refused (``SandboxUnavailable``) where it would run code as this
+    process's own uid, unless ``MAPPA_ALLOW_UNISOLATED=1`` (``process.check_isolation``).
+    """
     if name == "sandboxfusion":
         return SandboxFusionBackend(sandboxfusion_url)
     if name in ("auto", "bwrap"):
@@ -61,4 +72,10 @@ def make_backend(
             return BwrapBackend(python, uid_base)
         if name == "bwrap":
             raise SandboxUnavailable(problem)
+        try:
+            check_isolation(python, uid_base)
+        except SandboxUnavailable as err:
+            raise SandboxUnavailable(f"bwrap cannot run here ({problem}), and {err}") from None
+    else:
+        check_isolation(python, uid_base)
     return ProcessBackend(python, uid_base)

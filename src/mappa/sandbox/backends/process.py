@@ -9,6 +9,12 @@ As root, the code runs as a leased unprivileged uid (process limit enforced, roo
 and processes out of reach) when the interpreter is readable by such a uid. If it is not
 (e.g. a pyenv under /root, mode 0700) the code runs as root: the process limit cannot be
 enforced and it can do anything root can; use bwrap, or an interpreter outside /root.
+
+**Secrets.** The code's own environment is cleared, but a process may read
+``/proc/<pid>/environ`` of any process of its own uid: code that runs as the trainer's uid
+(not root, or root with an unreadable interpreter) can read the trainer's API keys there.
+``make_backend`` refuses that *unisolated* mode unless ``MAPPA_ALLOW_UNISOLATED=1`` is set
+(``check_isolation``); run as a sandbox uid, root's ``/proc/<pid>/environ`` is unreadable.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import functools
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
 
+from mappa.sandbox.backends.base import SandboxUnavailable
 from mappa.sandbox.backends.local import LocalBackend, sandbox_env
 from mappa.sandbox.identity import DEFAULT_UID_BASE, Identity, host_is_root
 from mappa.sandbox.limits import Limits
@@ -28,6 +36,39 @@ from mappa.sandbox.limits import Limits
 
 class SandboxIsolationWarning(UserWarning):
     """Agents' code runs with weaker isolation than the bwrap backend gives."""
+
+
+ALLOW_UNISOLATED_ENV = "MAPPA_ALLOW_UNISOLATED"
+"""Set to ``1`` to accept the process backend running code as the trainer's own uid."""
+
+
+def unisolated_reason(python: str | None = None, uid_base: int = DEFAULT_UID_BASE) -> str | None:
+    """Why the process backend would run code as this process's own uid (None: it does not,
+    the code runs as a leased sandbox uid)."""
+    python = python or sys.executable
+    if not host_is_root():
+        return "mappa is not running as root, so the code would run as this user's own uid"
+    if not _usable_by_other_uid(python, uid_base):
+        return f"{python} is not readable by an unprivileged uid, so the code would run as root"
+    return None
+
+
+def check_isolation(python: str | None = None, uid_base: int = DEFAULT_UID_BASE) -> None:
+    """Refuse the unisolated process backend unless ``MAPPA_ALLOW_UNISOLATED=1`` opts in.
+
+    Raises ``SandboxUnavailable`` saying why: code of the trainer's uid can read the
+    trainer's environment (API keys) through ``/proc/<pid>/environ``.
+    """
+    reason = unisolated_reason(python, uid_base)
+    if reason is None or os.environ.get(ALLOW_UNISOLATED_ENV) == "1":
+        return
+    raise SandboxUnavailable(
+        f"the process sandbox backend would not isolate agents' code: {reason}, which lets "
+        "the code read this process's environment (API keys) through /proc/<pid>/environ "
+        "and every file this uid can read. Use sandbox.backend=bwrap (Debian/Ubuntu: "
+        "apt-get install bubblewrap), or run as root with an interpreter an unprivileged "
+        f"uid can read, or set {ALLOW_UNISOLATED_ENV}=1 to accept the risk"
+    )
 
 
 _warned = False
@@ -73,6 +114,11 @@ class ProcessBackend(LocalBackend):
             ]
         elif not host_is_root():
             out += ["the code can signal this user's other processes"]
+        if not self.runs_as_sandbox_uid():
+            out += [
+                "the code runs as this process's uid, so it can read this process's "
+                "environment (API keys) through /proc/<pid>/environ"
+            ]
         return out
 
 
