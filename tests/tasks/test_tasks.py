@@ -10,6 +10,7 @@ import pytest
 
 from mappa.tasks import Task, load_tasks
 from mappa.tasks.arithmetic import LEVELS, generate
+from mappa.tasks.base import TaskSourceError
 from mappa.tasks.splits import SplitOverlapError, check_disjoint, find_overlap, normalize_text
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "math"
@@ -78,6 +79,54 @@ def test_task_files(tmp_path: Path) -> None:
         load_tasks(str(tmp_path / "bad.json"), 0, 1, 0)
     with pytest.raises(FileNotFoundError):
         load_tasks(str(tmp_path / "missing.json"), 0, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        (  # JSONL: the line number of the bad line (blank lines counted)
+            "t.jsonl",
+            '{"prompt": "a", "answer": 1}\n\n{"prompt": "b", answer: 2}\n',
+            r"t\.jsonl: line 3: not valid JSON \(Expecting property name",
+        ),
+        (  # a JSON list: the decoder's line and column
+            "t.json",
+            '[\n  {"prompt": "a", "answer": 1},\n  {"prompt": "b" "answer": 2}\n]',
+            r"t\.json: line 3, column 18: not valid JSON: Expecting ','",
+        ),
+        ("t.jsonl", '{"prompt": "a"}\n{"question_": "b"}\n', r"t\.jsonl: line 2 has no 'prompt'"),
+        ("t.jsonl", '{"prompt": "a"}\n[1, 2]\n', r"t\.jsonl: line 2 is not an object"),
+        ("t.json", '{"tasks": []}\n{"x": 1}', r"t\.json: line 1 has no 'prompt' field"),
+        ("t.json", '{\n "tasks": []\n}', r"t\.json: expected a list of tasks .*got one dict"),
+        ("t.json", "[]", r"t\.json: no tasks"),
+        ("t.json", "\ufeff[1", r"t\.json: line 1, column 3: not valid JSON"),
+    ],
+)
+def test_task_file_errors_name_the_file_and_line(
+    tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    with pytest.raises(TaskSourceError, match=message):
+        load_tasks(str(tmp_path / name), 0, 1, 0)
+
+
+def test_duplicate_task_ids_are_refused_naming_them(tmp_path: Path) -> None:
+    rows = [{"prompt": f"q{i}", "answer": i, "id": i % 3 if i < 5 else f"u{i}"} for i in range(7)]
+    p = tmp_path / "dup.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(
+        TaskSourceError,
+        match=r"dup\.jsonl: duplicate task ids '0' \(line 1, line 4\), '1' \(line 2, line 5\)",
+    ):
+        load_tasks(str(p), 0, 1, 0)
+    (tmp_path / "dup.json").write_text(
+        json.dumps([{"prompt": "a", "id": "x"}, {"prompt": "b", "id": "x"}])
+    )
+    with pytest.raises(TaskSourceError, match=r"duplicate task ids 'x'"):
+        load_tasks(str(tmp_path / "dup.json"), 0, 1, 0)
+    one = tmp_path / "one.jsonl"  # JSONL of a single task is still a task file
+    one.write_text('{"prompt": "a", "answer": 1}\n')
+    assert [t.prompt for t in load_tasks(str(one), 0, 1, 0)] == ["a"]
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/data")

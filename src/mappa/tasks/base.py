@@ -6,7 +6,8 @@ dispatches to (``arithmetic``, ``hf``) import from it, so imports run one way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,17 +37,47 @@ class Task:
         return Task(spec.task_id, spec.description, None, spec.task_type, spec)
 
 
+class TaskSourceError(ValueError):
+    """A task source that cannot be used; the message names the file (and line, if known)."""
+
+
 def _first(row: Mapping[str, Any], names: tuple[str, ...]) -> Any:
     return next((row[n] for n in names if row.get(n) is not None), None)
 
 
-def tasks_from_rows(rows: Iterable[Any], origin: str) -> list[Task]:
-    """Tasks from ``{prompt, answer[, id, type]}`` mappings; a row's index is its default id."""
+def refuse_duplicate_ids(tasks: Sequence[Task], origin: str, where: Sequence[str] = ()) -> None:
+    """Raise ``TaskSourceError`` naming every task id that occurs more than once (and where:
+    ``where[i]`` describes task ``i``, e.g. ``line 7``)."""
+    counts = Counter(t.task_id for t in tasks)
+    dups = [task_id for task_id, n in counts.items() if n > 1]
+    if not dups:
+        return
+    shown = []
+    for task_id in dups[:10]:
+        places = [where[i] for i, t in enumerate(tasks) if t.task_id == task_id and i < len(where)]
+        shown.append(f"{task_id!r}" + (f" ({', '.join(places)})" if places else ""))
+    more = f" and {len(dups) - 10} more" if len(dups) > 10 else ""
+    raise TaskSourceError(
+        f"{origin}: duplicate task ids {', '.join(shown)}{more}; every task needs its own id"
+    )
+
+
+def tasks_from_rows(rows: Iterable[Any], origin: str, where: Sequence[str] = ()) -> list[Task]:
+    """Tasks from ``{prompt, answer[, id, type]}`` mappings; a row's index is its default id.
+
+    ``where[i]`` names row ``i`` in messages (``line 7`` of a JSONL file; default ``task i``).
+    A row without a prompt and an id used twice are ``TaskSourceError``s.
+    """
     tasks = []
     for i, row in enumerate(rows):
-        prompt = _first(row, PROMPT_FIELDS) if isinstance(row, Mapping) else None
+        at = where[i] if i < len(where) else f"task {i}"
+        if not isinstance(row, Mapping):
+            raise TaskSourceError(f"{origin}: {at} is not an object ({type(row).__name__})")
+        prompt = _first(row, PROMPT_FIELDS)
         if prompt is None:
-            raise ValueError(f"{origin}: task {i} has no 'prompt' field (or {PROMPT_FIELDS[1:]})")
+            raise TaskSourceError(
+                f"{origin}: {at} has no 'prompt' field (or {', '.join(PROMPT_FIELDS[1:])})"
+            )
         answer, task_id = _first(row, ANSWER_FIELDS), _first(row, ID_FIELDS)
         tasks.append(
             Task(
@@ -57,5 +88,6 @@ def tasks_from_rows(rows: Iterable[Any], origin: str) -> list[Task]:
             )
         )
     if not tasks:
-        raise ValueError(f"{origin}: no tasks")
+        raise TaskSourceError(f"{origin}: no tasks")
+    refuse_duplicate_ids(tasks, origin, where)
     return tasks

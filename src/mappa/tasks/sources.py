@@ -6,18 +6,46 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mappa.tasks.base import Task, tasks_from_rows
+from mappa.tasks.base import Task, TaskSourceError, refuse_duplicate_ids, tasks_from_rows
 
 
 def load_task_file(path: Path) -> list[Task]:
-    """Read a JSON list or JSONL file of ``{prompt, answer[, id]}`` objects."""
-    text = path.read_text(encoding="utf-8")
+    """Read a JSON list or JSONL file of ``{prompt, answer[, id]}`` objects.
+
+    A file that starts with ``[`` is one JSON document; anything else is read as JSONL.
+    Errors are ``TaskSourceError``s naming the file and the line: the JSONL line, or the
+    JSON decoder's line and column.
+    """
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a BOM is not an error
+    except UnicodeDecodeError as err:
+        raise TaskSourceError(f"{path}: not UTF-8 text ({err.reason})") from None
     try:
         rows = json.loads(text)
-    except json.JSONDecodeError:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as err:
+        if text.lstrip().startswith("["):
+            raise TaskSourceError(
+                f"{path}: line {err.lineno}, column {err.colno}: not valid JSON: {err.msg}"
+            ) from None
+        rows, where = [], []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as line_err:
+                raise TaskSourceError(
+                    f"{path}: line {number}: not valid JSON ({line_err.msg}, column "
+                    f"{line_err.colno}); a task file is a JSON list or one object per line"
+                ) from None
+            where.append(f"line {number}")
+        return tasks_from_rows(rows, str(path), where)
+    lines = [n for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if isinstance(rows, dict) and len(lines) == 1:  # JSONL of one task
+        return tasks_from_rows([rows], str(path), [f"line {lines[0]}"])
     if not isinstance(rows, list):
-        raise ValueError(f"{path}: expected a list of tasks")
+        kind = type(rows).__name__
+        raise TaskSourceError(f"{path}: expected a list of tasks (or JSONL), got one {kind}")
     return tasks_from_rows(rows, str(path))
 
 
@@ -47,7 +75,9 @@ def load_dsbench(source: str, num_tasks: int, seed: int, root: str | None = None
             raise FileNotFoundError(
                 f"{listing}: {len(problems)} task(s) cannot load: " + "; ".join(problems[:5])
             )
-    return [Task.from_dsbench(s) for s in specs]
+    tasks = [Task.from_dsbench(s) for s in specs]
+    refuse_duplicate_ids(tasks, source)
+    return tasks
 
 
 def load_tasks(
