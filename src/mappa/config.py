@@ -202,8 +202,18 @@ class HttpCoachConfig(_Strict):
     api_key_env: str | None = Field(
         None, description="Name of the environment variable holding the API key (never the key)."
     )
-    timeout_s: float = Field(60.0, gt=0, description="Read timeout of one request, seconds.")
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Total time budget of one attempt (connect, send, wait, read the whole "
+        "reply), seconds: a server that trickles bytes forever is cut off here.",
+    )
     max_retries: int = Field(4, ge=0, description="Retries on 429/5xx/timeouts, with backoff.")
+    retry_after_cap_s: float = Field(
+        60.0,
+        ge=0,
+        description="Longest wait a server's `Retry-After` (seconds or HTTP date) may ask for.",
+    )
     concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
     temperature: float = Field(0.0, ge=0.0, description="The coach's sampling temperature.")
     max_tokens: int = Field(512, ge=8, description="Longest coach reply (analysis and score).")
@@ -275,6 +285,12 @@ class CoachConfig(_Strict):
     )
     exclude_flagged: bool = Field(
         True, description="Leave actions whose score is a flagged fallback out of training."
+    )
+    max_fallback_steps: int = Field(
+        3,
+        ge=0,
+        description="Abort the run after this many consecutive steps in which every score is "
+        "a flagged fallback (the coach is down or useless); 0 never aborts.",
     )
     cache: CoachCacheConfig = Field(default_factory=CoachCacheConfig)
     price_per_mtok: CoachPrices = Field(default_factory=CoachPrices)

@@ -12,18 +12,26 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from conftest import tiny_run_config
 
+from mappa.coach.base import CoachFallbackError, CoachFatalError, FallbackGuard
 from mappa.coach.context import CoachContext
-from mappa.coach.http import HttpCoach
+from mappa.coach.http import HttpCoach, request_fingerprint
 from mappa.coach.templates import load_template
 from mappa.config import HttpCoachConfig
+from mappa.workflow.records import Score
 
-Reply = tuple[int, str, dict[str, str]]  # status, text (or "HANG"/"GARBAGE"), headers
+Reply = tuple[int, str, dict[str, str]]
+"""status, text, headers. The text is the coach's reply, or one of: ``HANG`` (say nothing
+past the client's timeout), ``TRICKLE`` (send the headers, then a byte every 0.1 s for
+10 s: no read timeout ever fires), ``GARBAGE`` (not JSON), ``ECHO`` (score = the task's
+number), ``RAW:<json>`` (this exact body, for odd reply shapes)."""
 
 
 class FakeOpenAIServer:
@@ -53,7 +61,22 @@ class FakeOpenAIServer:
                 if text == "HANG":
                     time.sleep(3.0)  # past the client's timeout
                     return
-                if text == "GARBAGE":
+                if text == "TRICKLE":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    try:
+                        for _ in range(100):
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                            time.sleep(0.1)
+                    except OSError:  # the client gave up and closed the connection
+                        pass
+                    return
+                if text.startswith("RAW:"):
+                    payload = text.removeprefix("RAW:").encode()
+                elif text == "GARBAGE":
                     payload = b"<html>not json"
                 elif status == 200:
                     choice: dict = {"message": {"content": text}}
@@ -202,6 +225,254 @@ def test_expected_score_mode_reads_logprobs(server: FakeOpenAIServer) -> None:
     # p(7)=exp(-0.10536)=0.9, p(2)=exp(-2.30259)=0.1 -> 0.9*7 + 0.1*2 = 6.5
     assert abs(score.value - 6.5) < 1e-3 and not score.flagged
     assert server.requests[0]["body"]["logprobs"] is True
+
+
+def _shape(payload: object) -> Reply:
+    return (200, "RAW:" + json.dumps(payload), {})
+
+
+ODD_BUT_VALID = [
+    # message as a bare string; no usage at all
+    ({"choices": [{"message": "PROCESS_SCORE: 7"}]}, 7.0, (0, 0)),
+    # content as a list of parts (a reasoning part is skipped); usage fields null
+    (
+        {
+            "choices": [
+                {
+                    "message": {
+                        "content": [
+                            {"type": "reasoning", "text": "PROCESS_SCORE: 1"},
+                            {"type": "text", "text": "Good. "},
+                            {"type": "text", "text": "PROCESS_SCORE: [8]"},
+                        ]
+                    }
+                }
+            ],
+            "usage": {"prompt_tokens": None, "completion_tokens": None},
+        },
+        8.0,
+        (0, 0),
+    ),
+    # usage null, extra fields everywhere, a string token count
+    (
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "system_fingerprint": None,
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": '**PROCESS_SCORE:** "6"'},
+                    "logprobs": None,
+                    "extra": [1, 2],
+                }
+            ],
+            "usage": {"prompt_tokens": "11", "total_tokens": 12},
+        },
+        6.0,
+        (11, 0),
+    ),
+    ({"choices": [{"message": {"content": "PROCESS_SCORE: 4"}}], "usage": None}, 4.0, (0, 0)),
+    # a completions-style choice
+    ({"choices": [{"text": "PROCESS_SCORE: 2", "index": 0}]}, 2.0, (0, 0)),
+]
+
+
+@pytest.mark.parametrize(("payload", "value", "tokens"), ODD_BUT_VALID)
+def test_odd_but_valid_reply_shapes_are_read(
+    server: FakeOpenAIServer, payload: dict, value: float, tokens: tuple[int, int]
+) -> None:
+    server.script = [_shape(payload)]
+    [score] = coach(server.url).score([ctx()])
+    assert (score.value, score.flagged, score.retries) == (value, False, 0)
+    assert (score.prompt_tokens, score.completion_tokens) == tokens
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"choices": [{"message": {"content": None}}]},  # null content: nothing to read
+        {"choices": [{"message": {"content": []}}]},
+        {"choices": [{"message": {"content": None, "refusal": "I can't."}}]},
+    ],
+)
+def test_empty_content_gets_the_corrective_retry_then_is_flagged(
+    server: FakeOpenAIServer, payload: dict
+) -> None:
+    server.script = [_shape(payload), _shape(payload)]
+    [score] = coach(server.url).score([ctx()])
+    assert (score.value, score.flagged, score.flag_reason) == (5.0, True, "unparseable")
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [[], "PROCESS_SCORE: 7", {"choices": []}, {"error": {"message": "overloaded"}}, None, 7],
+)
+def test_shapeless_replies_are_retried_then_flagged(
+    server: FakeOpenAIServer, payload: object
+) -> None:
+    server.default = _shape(payload)
+    [score] = coach(server.url, max_retries=2).score([ctx()])
+    assert (score.value, score.flagged, score.flag_reason) == (5.0, True, "unavailable")
+    assert score.retries == 2 and len(server.requests) == 3
+    assert "malformed reply" in score.rationale
+
+
+def test_out_of_range_is_flagged_not_clamped(server: FakeOpenAIServer) -> None:
+    server.script = [(200, "PROCESS_SCORE: 11", {}), (200, "PROCESS_SCORE: 12", {})]
+    [score] = coach(server.url).score([ctx()])
+    assert (score.value, score.flagged, score.flag_reason) == (5.0, True, "out_of_range")
+    server.script = [(200, "PROCESS_SCORE: -1", {}), (200, "PROCESS_SCORE: [9]", {})]
+    [fixed] = coach(server.url).score([ctx()])  # the corrective retry gave a real score
+    assert (fixed.value, fixed.flagged) == (9.0, False)
+
+
+def test_retry_after_as_an_http_date_is_honoured_and_capped(server: FakeOpenAIServer) -> None:
+    soon = format_datetime(datetime.now(UTC) + timedelta(seconds=2), usegmt=True)
+    server.script = [(429, "slow down", {"Retry-After": soon}), (200, "PROCESS_SCORE: 7", {})]
+    start = time.monotonic()
+    [score] = coach(server.url).score([ctx()])
+    waited = time.monotonic() - start
+    assert score.value == 7.0 and score.retries == 1 and 0.8 <= waited < 3.0
+    # a server asking for an hour (either form) waits only retry_after_cap_s
+    later = format_datetime(datetime.now(UTC) + timedelta(hours=1), usegmt=True)
+    server.script = [
+        (503, "busy", {"Retry-After": "3600"}),
+        (429, "busy", {"Retry-After": later}),
+        (200, "PROCESS_SCORE: 8", {}),
+    ]
+    start = time.monotonic()
+    [score] = coach(server.url, retry_after_cap_s=0.3).score([ctx()])
+    assert score.value == 8.0 and score.retries == 2 and time.monotonic() - start < 2.0
+
+
+def test_a_trickling_server_is_cut_off_by_the_attempt_deadline(server: FakeOpenAIServer) -> None:
+    server.script = [(200, "TRICKLE", {}), (200, "TRICKLE", {})]
+    start = time.monotonic()
+    [score] = coach(server.url, timeout_s=0.5, max_retries=1).score([ctx()])
+    assert time.monotonic() - start < 3.0  # two 0.5 s budgets, not 10 s of trickle each
+    assert (score.flagged, score.flag_reason, score.retries) == (True, "unavailable", 1)
+    assert "timeout_s=0.5" in score.rationale
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404])
+def test_client_errors_are_fatal_at_once(
+    server: FakeOpenAIServer, status: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_COACH_KEY", "sk-live-0123456789abcdef")
+    server.script = [(status, '{"error": "key sk-live-0123456789abcdef is not valid"}', {})]
+    start = time.monotonic()
+    with pytest.raises(CoachFatalError, match=f"HTTP {status}") as err:
+        coach(server.url, api_key_env="MY_COACH_KEY", max_retries=4).score([ctx()] * 3)
+    assert time.monotonic() - start < 1.0 and len(server.requests) <= 3  # no retries
+    assert server.url in str(err.value) and "sk-live" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["localhost:8000/v1", "ftp://127.0.0.1/v1", "http://127.0.0.1:99999/v1", "http:///v1"]
+)
+def test_a_malformed_url_is_fatal_before_any_request(url: str) -> None:
+    with pytest.raises(CoachFatalError, match="base_url"):
+        coach(url)
+
+
+def test_error_bodies_are_stored_with_credentials_redacted(
+    server: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MY_COACH_KEY", "my-very-secret-key")
+    body = (
+        "upstream failed: GET https://x.googleapis.com/v1?key=AIzaSyA1234567890abcdefghijk&alt=1 "
+        "with Authorization: Bearer my-very-secret-key (api_key=sk-proj-abcdefghijkl)"
+    )
+    server.default = (500, body, {})
+    [score] = coach(server.url, api_key_env="MY_COACH_KEY", max_retries=1).score([ctx()])
+    assert score.flagged and "upstream failed" in score.rationale
+    for secret in ("AIzaSy", "my-very-secret-key", "sk-proj"):
+        assert secret not in score.rationale
+    assert "key=***" in score.rationale and "Bearer ***" in score.rationale
+
+
+def test_retries_are_counted_truthfully(server: FakeOpenAIServer) -> None:
+    server.script = [(500, "x", {}), (502, "x", {}), (200, "PROCESS_SCORE: 6", {})]
+    [score] = coach(server.url, max_retries=5).score([ctx()])
+    assert score.retries == 2 and len(server.requests) == 3
+    server.requests.clear()
+    server.script = [(422, "unprocessable", {})]  # not retryable, not fatal: flagged at once
+    [score] = coach(server.url, max_retries=5).score([ctx()])
+    assert (score.flagged, score.retries, len(server.requests)) == (True, 0, 1)
+    server.requests.clear()
+    server.script = [(500, "x", {}), (200, "no score", {}), (500, "x", {}), (500, "x", {})]
+    [score] = coach(server.url, max_retries=1).score([ctx()])  # corrective retry then down
+    assert (score.flagged, score.retries, len(server.requests)) == (True, 2, 4)
+
+
+def test_every_fault_ends_in_a_flagged_fallback_or_a_fatal_error(server: FakeOpenAIServer) -> None:
+    """The acceptance script: each fault alone, scoring always finishes, and every fallback
+    is flagged with its reason; 401 and 404 stop at once."""
+    date_soon = format_datetime(datetime.now(UTC), usegmt=True)
+    faults: list[tuple[list[Reply], str]] = [
+        ([(500, "oops", {})] * 2, "unavailable"),
+        ([(429, "x", {"Retry-After": "0.1"})] * 2, "unavailable"),
+        ([(429, "x", {"Retry-After": date_soon})] * 2, "unavailable"),
+        ([(200, "HANG", {})] * 2, "unavailable"),
+        ([(200, "TRICKLE", {})] * 2, "unavailable"),
+        ([(200, "GARBAGE", {})] * 2, "unavailable"),
+        ([_shape({"choices": [{"message": {"content": None}}]})] * 2, "unparseable"),
+        ([(200, "PROCESS_SCORE: 42", {})] * 2, "out_of_range"),
+        ([(200, "no idea", {})] * 2, "unparseable"),
+    ]
+    for script, reason in faults:
+        server.script = list(script)
+        [score] = coach(server.url, timeout_s=0.5, max_retries=1).score([ctx()])
+        assert (score.value, score.flagged, score.flag_reason) == (5.0, True, reason), script
+    scores: list[Score] = []
+    for payload, value, _ in ODD_BUT_VALID:
+        server.script = [_shape(payload)]
+        scores += coach(server.url, timeout_s=0.5).score([ctx()])
+        assert scores[-1].value == value and not scores[-1].flagged
+    for status in (401, 404):
+        server.script = [(status, "no", {})]
+        with pytest.raises(CoachFatalError, match=str(status)):
+            coach(server.url, timeout_s=0.5).score([ctx()])
+
+
+def test_fallback_guard_stops_after_k_all_fallback_steps(server: FakeOpenAIServer) -> None:
+    server.default = (503, "down", {})
+    down = coach(server.url, max_retries=0)
+    guard = FallbackGuard(3)
+    for _ in range(2):
+        guard.observe(down.score([ctx(), ctx(final=True)]))
+    server.script = [(200, "PROCESS_SCORE: 7", {})]
+    guard.observe(down.score([ctx(), ctx(final=True)]))  # one real score resets the count
+    for _ in range(2):
+        guard.observe(down.score([ctx()]))
+    guard.observe([])  # a step with nothing scored changes nothing
+    with pytest.raises(CoachFallbackError, match="3 consecutive steps.*unavailable"):
+        guard.observe(down.score([ctx()]))
+    never = FallbackGuard(0)
+    for _ in range(5):
+        never.observe(down.score([ctx()]))
+
+
+def test_request_fingerprint_covers_what_changes_replies() -> None:
+    base = HttpCoachConfig(base_url="http://h/v1")
+    same = HttpCoachConfig(base_url="http://h/v1/", timeout_s=5, max_retries=0, concurrency=2)
+    assert request_fingerprint(base) == request_fingerprint(same)
+    for change in (
+        {"max_tokens": 64},
+        {"temperature": 0.7},
+        {"model": "other"},
+        {"score_mode": "expected"},
+        {"base_url": "http://other/v1"},
+    ):
+        assert request_fingerprint(base) != request_fingerprint(base.model_copy(update=change))
+    expected = base.model_copy(update={"score_mode": "expected"})
+    assert request_fingerprint(expected) != request_fingerprint(
+        expected.model_copy(update={"top_logprobs": 5})
+    )
 
 
 def test_training_continues_through_a_faulty_coach(tiny_model_dir: Path, tmp_path: Path) -> None:

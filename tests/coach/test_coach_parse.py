@@ -21,9 +21,19 @@ from mappa.coach.parse import expected_score_from_logprobs
         ("Process_Score: 2", 2.0, None),
         ("PROCESS_SCORE: 3.5\nANSWER_CORRECT: 0", 3.5, False),
         ("PROCESS_SCORE: 7.25 (good)", 7.25, None),
-        ("PROCESS_SCORE: 11", 10.0, None),
-        ("PROCESS_SCORE: 100", 10.0, None),
-        ("PROCESS_SCORE: -2", 0.0, None),
+        ("PROCESS_SCORE: 11", None, None),  # out of range: flagged, never clamped
+        ("PROCESS_SCORE: 100", None, None),
+        ("PROCESS_SCORE: -2", None, None),
+        ("PROCESS_SCORE: 10", 10.0, None),
+        ("PROCESS_SCORE: 0", 0.0, None),
+        ("PROCESS_SCORE: [7]", 7.0, None),
+        ('**PROCESS_SCORE:** "8"', 8.0, None),
+        ("PROCESS_SCORE: '6'", 6.0, None),
+        ("PROCESS_SCORE: (4)", 4.0, None),
+        ("PROCESS_SCORE: `9`", 9.0, None),
+        ("[PROCESS_SCORE]: [3]", 3.0, None),
+        ('"PROCESS_SCORE": 5', 5.0, None),  # a JSON-ish reply
+        ("PROCESS_SCORE: **[7]**\nANSWER_CORRECT: **1**", 7.0, True),
         ("PROCESS_SCORE: 2 ... on reflection PROCESS_SCORE: 4", 4.0, None),
         ("PROCESS_SCORE: 8 because the code ran and printed 42", 8.0, None),
         ("PROCESS_SCORE: 8\nThe agent did well overall. It scored 3 points before.", 8.0, None),
@@ -49,7 +59,8 @@ def test_strict(text: str, score: float | None, correct: bool | None) -> None:
     ("text", "score"),
     [
         ("Score: 7/10", 7.0),
-        ("Final score: 12", 10.0),
+        ("Final score: 12", None),  # out of range, not clamped
+        ("Score: [8]/10", 8.0),
         ("score - 4", None),  # a dash is not a colon: ambiguous, not guessed
         ("My score for this action: 6 out of 10", 6.0),
         ("Score 3", 3.0),
@@ -59,6 +70,19 @@ def test_strict(text: str, score: float | None, correct: bool | None) -> None:
 def test_lenient_only_when_asked(text: str, score: float | None) -> None:
     assert parse_score(text).process_score is None
     assert parse_score(text, lenient=True).process_score == score
+
+
+@pytest.mark.parametrize(
+    ("text", "lenient", "raw"),
+    [
+        ("PROCESS_SCORE: 11", False, 11.0),
+        ("PROCESS_SCORE: -2", False, -2.0),
+        ("Score: 70", True, 70.0),
+    ],
+)
+def test_out_of_range_is_reported_not_clamped(text: str, lenient: bool, raw: float) -> None:
+    parsed = parse_score(text, lenient=lenient)
+    assert parsed.process_score is None and parsed.out_of_range == raw
 
 
 def test_strict_wins_over_lenient() -> None:

@@ -2,12 +2,67 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from mappa.coach.context import CoachContext
 from mappa.sandbox.execute import cut_middle
 from mappa.workflow.records import Action, Episode, Score
+
+
+class CoachFatalError(RuntimeError):
+    """The coach cannot work as configured (a malformed URL; HTTP 400/401/403/404: a wrong
+    path, model or key), or has given nothing but fallbacks for too long. Retrying cannot
+    help, so this is the one coach error that stops a run; the message says what to fix."""
+
+
+class CoachFallbackError(CoachFatalError):
+    """``coach.max_fallback_steps`` consecutive steps in which every score was a fallback."""
+
+
+class FallbackGuard:
+    """Stops a run whose coach has become useless instead of training on nothing for hours.
+
+    Call ``observe(scores)`` once per step with that step's scores; on the ``k``-th
+    consecutive step in which every score is flagged (a fallback: coach unreachable,
+    unparseable, out of range) it raises ``CoachFallbackError``. A step with one real score
+    resets the count; a step with no scores leaves it as it is. ``k = 0`` never raises.
+
+    >>> from mappa.workflow.records import Score
+    >>> guard = FallbackGuard(2)
+    >>> guard.observe([Score(5.0, flagged=True, flag_reason="unavailable")])
+    >>> guard.observe([Score(7.0)])  # a real score: the count starts again
+    >>> guard.observe([Score(5.0, flagged=True, flag_reason="unavailable")])
+    >>> guard.observe([Score(5.0, flagged=True, flag_reason="unavailable")])
+    Traceback (most recent call last):
+    ...
+    mappa.coach.base.CoachFallbackError: coach: every score was a flagged fallback for 2 ...
+    """
+
+    def __init__(self, k: int) -> None:
+        if k < 0:
+            raise ValueError(f"FallbackGuard needs k >= 0, got {k}")
+        self.k = k
+        self.streak = 0
+
+    def observe(self, scores: Sequence[Score]) -> None:
+        if not scores:
+            return
+        if not all(s.flagged for s in scores):
+            self.streak = 0
+            return
+        self.streak += 1
+        if self.k and self.streak >= self.k:
+            reasons = Counter(s.flag_reason or "flagged" for s in scores)
+            example = scores[0].rationale.replace("\n", " ")[:300]
+            raise CoachFallbackError(
+                f"coach: every score was a flagged fallback for {self.streak} consecutive "
+                f"steps (coach.max_fallback_steps={self.k}); last step: {len(scores)} scores, "
+                f"reasons {dict(reasons)}, e.g. {example!r}. The coach is down or its replies "
+                "are unusable: check the server and `mappa coach-check`, or raise "
+                "coach.max_fallback_steps (0 never aborts)."
+            )
 
 
 class CoachBackend(Protocol):

@@ -7,43 +7,60 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-_STRICT = re.compile(r"PROCESS_SCORE\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
-_LENIENT = re.compile(r"\bscore\b[^0-9\-\n]{0,20}(-?\d+(?:\.\d+)?)\s*(?:/\s*10)?", re.IGNORECASE)
+# After the tag: spaces, and any of the wrappers coaches put around a number (markdown bold
+# is stripped before matching): [7], (7), "8", '8', `8`, {8}.
+_WRAP = r"[\s\[\](){}\"'`]*"
+_STRICT = re.compile(
+    r"PROCESS_SCORE" + _WRAP + r"[:=]" + _WRAP + r"(-?\d+(?:\.\d+)?)", re.IGNORECASE
+)
+_LENIENT = re.compile(
+    r"\bscore\b[^0-9\-\n]{0,20}?" + _WRAP + r"(-?\d+(?:\.\d+)?)\s*(?:/\s*10)?", re.IGNORECASE
+)
 _CORRECT = re.compile(r"ANSWER_CORRECT\s*[:=]\s*\**\s*([01]|true|false|yes|no)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class ParsedScore:
+    """``process_score`` is None when no score was found or it lay outside [0, 10]; then
+    ``out_of_range`` holds the value as written (it is never clamped into range)."""
+
     process_score: float | None
     answer_correct: bool | None
+    out_of_range: float | None = None
 
 
-def _clamp(x: float) -> float:
-    return min(10.0, max(0.0, x))
+def _in_range(x: float) -> bool:
+    return 0.0 <= x <= 10.0
 
 
 def parse_score(text: str, lenient: bool = False) -> ParsedScore:
-    """Parse a coach reply. The last ``PROCESS_SCORE`` wins; values are clamped to [0, 10].
+    """Parse a coach reply. The last ``PROCESS_SCORE`` wins; a value outside [0, 10] is not
+    a score (``process_score`` None, ``out_of_range`` the value), never clamped.
 
     ``lenient`` also accepts looser forms such as ``Score: 7/10`` when the strict tag is
     missing (used after the corrective retry also failed).
 
     >>> parse_score("Good work.\\n**PROCESS_SCORE:** 8\\nANSWER_CORRECT: 1")
-    ParsedScore(process_score=8.0, answer_correct=True)
+    ParsedScore(process_score=8.0, answer_correct=True, out_of_range=None)
     >>> parse_score("Score: 7/10").process_score is None
     True
     >>> parse_score("Score: 7/10", True).process_score
     7.0
+    >>> parse_score('**PROCESS_SCORE:** "8"').process_score, parse_score("PROCESS_SCORE: [7]")
+    (8.0, ParsedScore(process_score=7.0, answer_correct=None, out_of_range=None))
+    >>> parse_score("PROCESS_SCORE: 11")
+    ParsedScore(process_score=None, answer_correct=None, out_of_range=11.0)
     """
-    text = text.replace("*", "") if text else ""
-    strict = _STRICT.findall(text)
-    value: float | None = _clamp(float(strict[-1])) if strict else None
-    if value is None and lenient:
-        loose = _LENIENT.findall(text)
-        value = _clamp(float(loose[-1])) if loose else None
+    text = text.replace("*", "") if isinstance(text, str) else ""
+    found = _STRICT.findall(text)
+    if not found and lenient:
+        found = _LENIENT.findall(text)
+    raw = float(found[-1]) if found else None
     correct = _CORRECT.findall(text)
     answer = correct[-1].lower() in {"1", "true", "yes"} if correct else None
-    return ParsedScore(value, answer)
+    if raw is not None and not _in_range(raw):
+        return ParsedScore(None, answer, out_of_range=raw)
+    return ParsedScore(raw, answer)
 
 
 _BEFORE_SCORE = re.compile(r"PROCESS_SCORE\s*[:=]\s*$", re.IGNORECASE)
