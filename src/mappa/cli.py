@@ -34,6 +34,14 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_text)
         s.add_argument("--config", type=Path, default=None, help="run config YAML (default: demo)")
         s.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. rl.lr=1e-5")
+    sub.choices["train"].add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="continue a run from its newest checkpoint (records after it are cut); the "
+        "config is the run's config.yaml, and only train.steps may differ",
+    )
     ev = sub.choices["eval"]
     ev.add_argument(
         "--adapters",
@@ -162,21 +170,32 @@ def _adapter_base(adapters: Path, agent: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     adapters = getattr(args, "adapters", None)
-    config_path = args.config or _run_config(adapters) or default_config()
+    resume = getattr(args, "resume", None)
+    resumed = resume / "config.yaml" if resume is not None else None
+    config_path = args.config or resumed or _run_config(adapters) or default_config()
     try:
         cfg = load_config(config_path, args.overrides)
         from mappa import factory  # checks that need more than the schema, still model-free
 
         factory.check(cfg)
-    except (ConfigError, ValueError) as err:
+        if resume is not None:
+            from mappa.checkpoint import check_resumable
+
+            check_resumable(resume, cfg)
+    except (ConfigError, ValueError, FileNotFoundError) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
     _setup_logging()
     if args.command == "train":
         from mappa.report.summary import run_summary
+        from mappa.rl.update import NonFiniteError
         from mappa.train import train
 
-        run_dir = train(cfg)
+        try:
+            run_dir = train(cfg, resume=resume)
+        except NonFiniteError as err:
+            print(f"mappa: {err}", file=sys.stderr)
+            return 1
         print(run_summary(run_dir, [a.name for a in cfg.agents]))
         return 0
     if args.command == "coach-check":

@@ -454,7 +454,20 @@ class TrainConfig(_Strict):
     steps: int = Field(2, ge=1, description="Rollout/update iterations.")
     prompts_per_step: int = Field(4, ge=1, description="Distinct tasks per step.")
     samples_per_prompt: int = Field(2, ge=1, description="Episodes per task per step.")
-    save_every: int = Field(0, ge=0, description="Save adapters every N steps (0: at the end).")
+    save_every: int = Field(
+        1,
+        ge=0,
+        description="Write a checkpoint (adapters, Adam state, KL beta, RNG and task-order "
+        "state, JSONL offsets) every N steps and after the last; `mappa train --resume RUN_DIR` "
+        "continues from it. 0: only after the last step. A LoRA checkpoint is small next to a "
+        "step's rollout, so the default is every step.",
+    )
+    max_nonfinite_steps: int = Field(
+        3,
+        ge=1,
+        description="Stop the run when one agent's loss or gradient is NaN/inf this many steps "
+        "in a row (each such step skips that agent's optimizer step and goes on).",
+    )
 
 
 class RunConfig(_Strict):

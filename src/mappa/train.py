@@ -2,7 +2,9 @@
 
 Everything the loop uses is built by ``mappa.factory``; the update is ``mappa.rl``'s.
 Episodes are appended to ``<run_dir>/episodes.jsonl`` (with coach scores and exact token
-ids) *before* they are trained on, and one line per step goes to ``metrics.jsonl``.
+ids) *before* they are trained on, and one line per step goes to ``metrics.jsonl``. Every
+``train.save_every`` steps and after the last, ``mappa.checkpoint`` writes a checkpoint that
+``train(..., resume=run_dir)`` (``mappa train --resume``) continues from.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from mappa import factory
+from mappa import checkpoint, factory
+from mappa.checkpoint import TaskBatches, TrainState
 from mappa.coach import score_episodes
 from mappa.coach.stats import accounting, bias
 from mappa.config import RunConfig
@@ -29,7 +32,7 @@ from mappa.jsonl import append_jsonl
 from mappa.report.metrics import agent_metrics
 from mappa.rl.kl import KLController
 from mappa.rl.schedule import set_step_lr
-from mappa.rl.update import update_agents
+from mappa.rl.update import NonFiniteGuard, update_agents
 from mappa.tasks import Task
 from mappa.workflow.interface import RolloutInput
 from mappa.workflow.records import Episode, append_episodes
@@ -52,17 +55,9 @@ def resolve_run_dir(run_dir: Path) -> Path:
 def task_batches(
     tasks: Sequence[Task], per_step: int, samples: int, seed: int
 ) -> Iterator[list[Task]]:
-    """Endless batches: ``per_step`` distinct tasks (reshuffled each epoch), each repeated."""
-    rng = random.Random(seed)
-    order: list[Task] = []
-    while True:
-        batch: list[Task] = []
-        while len(batch) < per_step:
-            if not order:
-                order = list(tasks)
-                rng.shuffle(order)
-            batch.append(order.pop())
-        yield [t for t in batch for _ in range(samples)]
+    """Endless batches: ``per_step`` distinct tasks (reshuffled each epoch), each repeated
+    (``mappa.checkpoint.TaskBatches``, whose position a checkpoint saves)."""
+    return TaskBatches(tasks, per_step, samples, seed)
 
 
 def step_metrics(step: int, episodes: Sequence[Episode], cfg: RunConfig) -> dict[str, Any]:
@@ -78,18 +73,25 @@ def _fmt(x: Any) -> str:
     return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
 
 
-def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
+def train(
+    cfg: RunConfig, policies: AgentPolicies | None = None, resume: Path | None = None
+) -> Path:
     """Run ``cfg.train.steps`` MAPPA steps; returns the run directory.
 
     ``policies`` may be passed in already loaded (notebooks, tests); by default they are
-    built from ``cfg.model``.
+    built from ``cfg.model``. ``resume``: a run directory to continue from its newest
+    checkpoint (``mappa.checkpoint``); ``cfg`` must match its config.yaml but for
+    ``train.steps``.
     """
     factory.check(cfg)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    run_dir = resolve_run_dir(cfg.run_dir)
-    config_text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-    (run_dir / "config.yaml").write_text(config_text)
+    if resume is None:
+        run_dir = resolve_run_dir(cfg.run_dir)
+        config_text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+        checkpoint.write_atomic(run_dir / "config.yaml", config_text)
+    else:
+        run_dir = checkpoint.open_run(resume, cfg)
     tasks = training_tasks(cfg)
     evaluator = TrainingEvaluator(cfg, tasks, run_dir)  # refuses overlapping held-out tasks
     log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
@@ -100,14 +102,17 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
     names = [a.name for a in cfg.agents]
     roles = {a.name: a.role for a in cfg.agents}
     params, optimizers = factory.make_optimizers(cfg, policies)
-    batches = task_batches(
-        tasks, cfg.train.prompts_per_step, cfg.train.samples_per_prompt, cfg.seed
-    )
+    batches = TaskBatches(tasks, cfg.train.prompts_per_step, cfg.train.samples_per_prompt, cfg.seed)
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
+    guard = NonFiniteGuard(names, cfg.train.max_nonfinite_steps)
+    state = TrainState(policies, optimizers, kl_ctl, batches, guard)
+    start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG restored last
     runner = factory.make_runner(cfg, policies, run_dir / "workspaces")
+    saved = start if resume is not None else -1
     try:
-        for step in tqdm(range(cfg.train.steps), desc="train", unit="step"):
+        for step in tqdm(range(start, cfg.train.steps), desc="train", unit="step"):
             rollout = runner.run(RolloutInput(next(batches), step, "train"))
+            checkpoint.pause_point("rollout", step)
             episodes = rollout.episodes
             t0 = time.monotonic()
             scores = (
@@ -144,6 +149,7 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
                     temperature=cfg.rollout.temperature,
                 )
             )
+            checkpoint.pause_point("update", step)
             metrics.update(
                 rollout_tokens_per_s=rollout.generated_tokens / max(rollout.wall_s, 1e-9),
                 rollout_s=rollout.wall_s,
@@ -158,10 +164,13 @@ def train(cfg: RunConfig, policies: AgentPolicies | None = None) -> Path:
                 f"kl={_fmt(metrics['mean_kl'])} tok/s={metrics['rollout_tokens_per_s']:.1f} "
                 f"flagged={metrics['coach/flagged']}"
             )
+            guard.check(step, metrics)  # too many non-finite updates in a row: stop
             if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
-                policies.save(run_dir / "adapters")
+                checkpoint.save_checkpoint(run_dir, step + 1, state)
+                saved = step + 1
     finally:
         runner.close()
-    policies.save(run_dir / "adapters")
+    if saved != max(start, cfg.train.steps):
+        checkpoint.save_checkpoint(run_dir, max(start, cfg.train.steps), state)
     log.info("adapters saved under %s", run_dir / "adapters")
     return run_dir

@@ -342,3 +342,22 @@ class AgentPolicies:
                 warnings.filterwarnings("ignore", "Could not find a config file", UserWarning)
                 self.model.save_pretrained(str(directory), selected_adapters=[agent])
         return {agent: directory / agent for agent in self.agents}
+
+    def load(self, directory: Path) -> None:
+        """Load each agent's weights saved by ``save`` into its live adapter, in place (resume).
+
+        The adapters keep their identity (an optimizer over ``adapter_parameters`` stays
+        valid); raises ``ValueError`` when a saved file lacks one of an adapter's tensors.
+        """
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        for agent in self.agents:
+            weights = load_file(str(directory / agent / "adapter_model.safetensors"))
+            result: Any = set_peft_model_state_dict(self.model, weights, adapter_name=agent)
+            missing = [k for k in result.missing_keys if "lora_" in k and f".{agent}." in k]
+            if missing or result.unexpected_keys:
+                raise ValueError(
+                    f"{directory / agent}: saved adapter does not match agent {agent!r} "
+                    f"(missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]})"
+                )

@@ -9,10 +9,16 @@ An agent none of whose actions carries reward signal (every scalar reward it is 
 with is equal, or every completion is masked out) takes no optimizer step at all: Adam
 normalizes the step, so a gradient of 1e-9 (the KL term's noise) would move the weights as
 far as a gradient of 1. The skip is logged as ``rl/<agent>/skipped``.
+
+Numerical guard: an agent whose loss or gradient is not finite (NaN/inf) takes no optimizer
+step either (its gradients are dropped, Adam's moments are untouched), with ``skipped`` =
+``NON_FINITE``; the run goes on. ``NonFiniteGuard`` stops it after ``K`` such steps in a row
+for one agent (``train.max_nonfinite_steps``): by then the adapter itself is usually broken.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -33,6 +39,36 @@ from mappa.rl.experience import (
 from mappa.rl.kl import KLController
 from mappa.rl.loss import LossConfig, policy_loss
 from mappa.workflow.records import Episode
+
+NON_FINITE = "non-finite loss/grad"
+"""``rl/<agent>/skipped`` of a step whose loss or gradient norm was NaN or inf."""
+
+
+class NonFiniteError(RuntimeError):
+    """Too many non-finite updates in a row for one agent: the run stops."""
+
+
+class NonFiniteGuard:
+    """Counts each agent's non-finite updates in a row; raises ``NonFiniteError`` at ``limit``.
+
+    ``counts`` is part of a checkpoint, so a resumed run keeps counting where it stopped.
+    """
+
+    def __init__(self, agents: Sequence[str], limit: int) -> None:
+        self.limit = limit
+        self.counts = dict.fromkeys(agents, 0)
+
+    def check(self, step: int, metrics: Mapping[str, Any]) -> None:
+        for agent in self.counts:
+            bad = metrics.get(f"rl/{agent}/skipped") == NON_FINITE
+            self.counts[agent] = self.counts[agent] + 1 if bad else 0
+            if self.counts[agent] >= self.limit:
+                raise NonFiniteError(
+                    f"agent {agent!r}: non-finite loss or gradient in {self.counts[agent]} "
+                    f"steps in a row (up to step {step}); stopping. Lower rl.lr, check "
+                    "rl.grad_clip and the model dtype (model.dtype=float32 or bfloat16, not "
+                    "float16), or raise train.max_nonfinite_steps."
+                )
 
 
 @dataclass
@@ -66,8 +102,9 @@ def policy_step(
     PPO-clip loss on the rows' unmasked tokens (aggregated over the agent's whole batch, so
     micro-batches add up to one batch loss), ratio against the recomputed old log-probs,
     truncated importance weights, grad-norm clipping, one optimizer step. No step at all
-    (``skipped`` says why) when the agent has no action, every completion is masked out, or
-    no action carries reward signal. ``mean_kl`` is read from ``exp.kl``, computed once.
+    (``skipped`` says why) when the agent has no action, every completion is masked out, no
+    action carries reward signal, or the loss or gradient is not finite (``NON_FINITE``).
+    ``mean_kl`` is read from ``exp.kl``, computed once.
     """
     rows = exp.rows(agent)
     if not rows:
@@ -129,7 +166,9 @@ def policy_step(
         for key in ("clip_frac", "approx_kl", "entropy"):
             totals[key] += stats.get(key, 0.0) * share
     grad_norm = torch.nn.utils.clip_grad_norm_(list(params), cfg.grad_clip)
-    optimizer.step()
+    finite = math.isfinite(float(grad_norm)) and math.isfinite(totals["loss"])
+    if finite:  # else drop the gradients: no Adam step, so its moments stay finite
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return UpdateStats(
         actions=len(rows),
@@ -141,6 +180,7 @@ def policy_step(
         clip_frac=totals["clip_frac"],
         approx_kl=totals["approx_kl"],
         entropy=totals["entropy"],
+        skipped="" if finite else NON_FINITE,
     )
 
 

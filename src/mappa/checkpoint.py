@@ -1,0 +1,278 @@
+"""Checkpoints of a training run, and resuming one (``mappa train --resume RUN_DIR``).
+
+A checkpoint is everything the loop needs to continue as if it had never stopped:
+
+- each agent's adapter (``adapters/<agent>``, standard PEFT) and its Adam state;
+- the KL controller's beta, the non-finite counters (``rl.update.NonFiniteGuard``);
+- the RNG states (Python ``random``, torch CPU and CUDA) and the task order's position
+  (``TaskBatches``: its ``random.Random`` state and the tasks still pending this epoch);
+- the step (steps done) and the byte size of each JSONL record file at that moment.
+
+No scheduler state: the lr is a pure function of the step (``mappa.rl.schedule``), set
+before every update. It depends on ``train.steps``, so extending a run with a larger
+``train.steps`` continues on the longer schedule.
+
+Layout: ``checkpoints/step-<N>/`` (``state.pt``, ``checkpoint.json``, ``adapters/``), written
+into a temporary directory, fsynced, and made visible by one ``rename``; only the newest is
+kept. ``<run_dir>/adapters`` is a relative symlink to the newest checkpoint's adapters,
+switched by one atomic ``rename`` too, so it always holds one consistent step, recorded
+beside the adapters in ``adapters/step.json``.
+
+Resume restores the newest checkpoint, cuts every record file back to its recorded size
+(records of the lost steps and a torn last line go), and removes the lost steps'
+workspaces. It refuses a config that differs from the run's ``config.yaml`` in anything
+but ``train.steps`` (and ``run_dir``), naming the keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import yaml
+
+from mappa.config import RunConfig
+from mappa.jsonl import truncate_jsonl
+from mappa.rl.kl import KLController
+from mappa.rl.update import NonFiniteGuard
+from mappa.tasks import Task
+
+if TYPE_CHECKING:
+    from mappa.models.policies import AgentPolicies
+
+log = logging.getLogger(__name__)
+
+RECORD_FILES = ("episodes.jsonl", "metrics.jsonl", "heldout_episodes.jsonl")
+CHECKPOINTS = "checkpoints"
+RESUMABLE_KEYS = frozenset({"train.steps", "run_dir"})
+"""Config keys a resumed run may change (``train.steps`` extends or shortens it)."""
+
+
+class TaskBatches:
+    """Endless batches: ``per_step`` distinct tasks (reshuffled each epoch), each repeated
+    ``samples`` times. Its position is restorable (``state_dict`` / ``load_state_dict``)."""
+
+    def __init__(self, tasks: Sequence[Task], per_step: int, samples: int, seed: int) -> None:
+        self.tasks, self.per_step, self.samples = list(tasks), per_step, samples
+        self.rng = random.Random(seed)
+        self.order: list[int] = []  # indices into ``tasks`` still pending this epoch
+
+    def __iter__(self) -> Iterator[list[Task]]:
+        return self
+
+    def __next__(self) -> list[Task]:
+        batch: list[Task] = []
+        while len(batch) < self.per_step:
+            if not self.order:
+                self.order = list(range(len(self.tasks)))
+                self.rng.shuffle(self.order)  # the permutation depends only on the length
+            batch.append(self.tasks[self.order.pop()])
+        return [t for t in batch for _ in range(self.samples)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.getstate(), "order": list(self.order)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.rng.setstate(_tuples(state["rng"]))
+        self.order = [int(i) for i in state["order"]]
+
+
+def _tuples(x: Any) -> Any:
+    """``random.setstate`` wants tuples; a round trip through a checkpoint may give lists."""
+    return tuple(_tuples(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+@dataclass
+class TrainState:
+    """The live objects a checkpoint saves and restores."""
+
+    policies: AgentPolicies
+    optimizers: Mapping[str, torch.optim.Optimizer]
+    kl_ctl: KLController
+    batches: TaskBatches
+    guard: NonFiniteGuard
+
+
+# ------------------------------------------------------------------------ test hook
+def pause_point(name: str, step: int) -> None:
+    """Test-only hook: with ``MAPPA_TEST_PAUSE=<name>@<step>`` the process stops here (it
+    touches ``$MAPPA_TEST_PAUSE_FILE`` and sleeps) so a test can SIGKILL it at a known point.
+    Points: ``rollout`` (sampled, nothing recorded), ``update`` (episodes recorded, metrics
+    not), ``checkpoint`` (``step`` = steps done; adapters half written, not yet renamed)."""
+    if os.environ.get("MAPPA_TEST_PAUSE") != f"{name}@{step}":
+        return
+    marker = os.environ.get("MAPPA_TEST_PAUSE_FILE")
+    if marker:
+        Path(marker).write_text(f"{name}@{step}\n")
+    time.sleep(3600)
+
+
+# ------------------------------------------------------------------------ saving
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            _fsync(Path(dirpath) / name)
+        _fsync(Path(dirpath))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(run_dir: Path, step: int, state: TrainState) -> Path:
+    """Write the checkpoint of ``step`` steps done; returns its directory.
+
+    Atomic: a temporary directory, fsynced, one ``rename``; then ``adapters`` is switched to
+    it (one more atomic ``rename``) and the older checkpoints are removed.
+    """
+    root = run_dir / CHECKPOINTS
+    root.mkdir(exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".tmp-step-{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    state.policies.save(tmp / "adapters")
+    (tmp / "adapters" / "step.json").write_text(json.dumps({"step": step}) + "\n")
+    pause_point("checkpoint", step)
+    torch.save(
+        {
+            "optimizers": {a: opt.state_dict() for a, opt in state.optimizers.items()},
+            "kl_beta": state.kl_ctl.beta,
+            "nonfinite": dict(state.guard.counts),
+            "batches": state.batches.state_dict(),
+            "python_rng": random.getstate(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        },
+        tmp / "state.pt",
+    )
+    offsets = {f: (run_dir / f).stat().st_size for f in RECORD_FILES if (run_dir / f).exists()}
+    meta = {"step": step, "offsets": offsets}
+    (tmp / "checkpoint.json").write_text(json.dumps(meta, indent=1) + "\n")
+    _fsync_tree(tmp)
+    if final.exists():  # the same step again (a resumed run that had nothing left to do)
+        shutil.rmtree(final)
+    tmp.rename(final)
+    _fsync(root)
+    link = run_dir / ".adapters.tmp"
+    link.unlink(missing_ok=True)
+    link.symlink_to(Path(CHECKPOINTS) / final.name / "adapters", target_is_directory=True)
+    link.replace(run_dir / "adapters")
+    _fsync(run_dir)
+    for old in root.iterdir():
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint (a renamed ``step-<N>`` directory), if any."""
+    root = run_dir / CHECKPOINTS
+    done = sorted(root.glob("step-*")) if root.is_dir() else []
+    done = [d for d in done if (d / "checkpoint.json").is_file()]
+    return done[-1] if done else None
+
+
+# ------------------------------------------------------------------------ resuming
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_differences(saved: Mapping[str, Any], cfg: RunConfig) -> list[str]:
+    """Keys whose values differ between a run's saved config and ``cfg`` (but the resumable)."""
+    a, b = _flat(saved), _flat(cfg.model_dump(mode="json"))
+    return sorted(
+        k for k in a.keys() | b.keys() if k not in RESUMABLE_KEYS and a.get(k) != b.get(k)
+    )
+
+
+def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
+    """The run's saved config, if ``run_dir`` can be resumed with ``cfg``.
+
+    Raises ``ValueError`` for a config that differs in anything but ``train.steps`` (naming
+    the keys) and ``FileNotFoundError`` for a directory without a run or a checkpoint.
+    """
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        raise FileNotFoundError(f"{run_dir}: no config.yaml; not a training run")
+    if latest_checkpoint(run_dir) is None:
+        raise FileNotFoundError(f"{run_dir}: no complete checkpoint to resume from")
+    saved = yaml.safe_load(config.read_text()) or {}
+    diff = config_differences(saved, cfg)
+    if diff:
+        old, new = _flat(saved), _flat(cfg.model_dump(mode="json"))
+        shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff)
+        raise ValueError(
+            f"{run_dir}: the config differs from the run's config.yaml in {shown}; only "
+            "train.steps may change on resume"
+        )
+    return dict(saved)
+
+
+def open_run(run_dir: Path, cfg: RunConfig) -> Path:
+    """``check_resumable``, then record the (possibly new) ``train.steps`` in config.yaml."""
+    saved = check_resumable(run_dir, cfg)
+    saved.setdefault("train", {})["steps"] = cfg.train.steps
+    write_atomic(run_dir / "config.yaml", yaml.safe_dump(saved, sort_keys=False))
+    return run_dir
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
+def restore(run_dir: Path, state: TrainState) -> int:
+    """Load the newest checkpoint into ``state``; cut the records back to it; returns the
+    steps done. RNG states are restored last, after everything that draws from them."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise FileNotFoundError(f"{run_dir}: no complete checkpoint to resume from")
+    meta = json.loads((ckpt / "checkpoint.json").read_text())
+    step = int(meta["step"])
+    saved = torch.load(ckpt / "state.pt", weights_only=True)
+    state.policies.load(ckpt / "adapters")
+    for agent, opt in state.optimizers.items():
+        opt.load_state_dict(saved["optimizers"][agent])
+    state.kl_ctl.beta = float(saved["kl_beta"])
+    state.guard.counts.update({k: int(v) for k, v in saved["nonfinite"].items()})
+    state.batches.load_state_dict(saved["batches"])
+    for name in RECORD_FILES:
+        path = run_dir / name
+        offset = int(meta["offsets"].get(name, 0))
+        if path.exists() and path.stat().st_size > offset:
+            log.warning("%s: cutting records written after step %d", path, step)
+            truncate_jsonl(path, offset)
+    for phase in (run_dir / "workspaces").glob("*"):  # the lost steps' workspaces
+        for ws in phase.glob("step*"):
+            if ws.name[4:].isdigit() and int(ws.name[4:]) >= step:
+                shutil.rmtree(ws, ignore_errors=True)
+    random.setstate(_tuples(saved["python_rng"]))
+    torch.set_rng_state(saved["torch_rng"])
+    if saved["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda_rng"])
+    log.info("resumed %s from checkpoint %s (%d steps done)", run_dir, ckpt.name, step)
+    return step
