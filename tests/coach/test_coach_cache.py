@@ -180,3 +180,57 @@ def test_coach_check_cli_with_a_real_local_model(
     rc = main(["coach-check", f"model.path={tiny_model_dir}", "coach.cache.mode=off"])
     out = capsys.readouterr().out
     assert rc == 0 and "pairs right" in out and "verifier" in out
+
+
+def test_cache_uses_wal_and_a_busy_timeout(tmp_path: Path) -> None:
+    cache = ScoreCache(tmp_path / "c.sqlite")
+    assert cache.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert cache.db.execute("PRAGMA busy_timeout").fetchone()[0] >= 5000
+    other = ScoreCache(tmp_path / "c.sqlite")  # a second run on the same file
+    CachedCoach(FakeCountingCoach(), cache, "ns").score([ctx(1)])
+    assert other.get(CachedCoach(None, other, "ns", replay=True).key(ctx(1))) is not None
+
+
+def test_a_corrupt_cache_is_moved_aside_and_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "c.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    cache = ScoreCache(path)
+    assert "moved aside" in caplog.text
+    [aside] = tmp_path.glob("c.sqlite.corrupt-*")
+    assert aside.read_bytes().startswith(b"this is not a database")
+    inner = FakeCountingCoach()
+    CachedCoach(inner, cache, "ns").score([ctx(1), ctx(2)])
+    assert inner.seen == 2 and len(cache) == 2
+
+
+def test_a_failed_cache_write_warns_and_the_run_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sqlite3
+
+    path = tmp_path / "c.sqlite"
+    cache = ScoreCache(path)
+    cache.db.close()
+    cache.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)  # writes now fail
+    inner = FakeCountingCoach()
+    scores = CachedCoach(inner, cache, "ns").score([ctx(1), ctx(3)])
+    assert [s.value for s in scores] == [1.0, 3.0] and "storing 2 scores failed" in caplog.text
+    assert len(cache) == 0
+    cache.db.close()
+    cache.db = sqlite3.connect(":memory:")  # reads fail too (no table): a miss, not a crash
+    assert cache.get("k") is None and "reading a score failed" in caplog.text
+
+
+def test_an_unopenable_cache_falls_back_to_memory(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cache = ScoreCache(blocker / "c.sqlite")  # its folder cannot exist
+    assert "in memory" in caplog.text
+    inner = FakeCountingCoach()
+    CachedCoach(inner, cache, "ns").score([ctx(1)])
+    CachedCoach(inner, cache, "ns").score([ctx(1)])
+    assert inner.seen == 1  # still a cache for this run

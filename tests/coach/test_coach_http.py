@@ -476,18 +476,32 @@ def test_request_fingerprint_covers_what_changes_replies() -> None:
 
 
 def test_training_continues_through_a_faulty_coach(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """500s, 429s, hangs and garbage: every action still gets a score, the run finishes,
-    and the flagged ones are counted and left out of training."""
+    """500s, 429s (both Retry-After forms), hangs, trickles, garbage, odd shapes and
+    out-of-range scores: every action still gets a score, the run finishes, and the flagged
+    ones are counted and left out of training."""
     from mappa.jsonl import read_jsonl
     from mappa.train import train
 
     faulty = FakeOpenAIServer(default=(200, "PROCESS_SCORE: 6", {}))
-    faulty.script = [
-        (500, "x", {}),
-        (429, "x", {"Retry-After": "0"}),
-        (200, "HANG", {}),
-        (200, "GARBAGE", {}),
-    ] * 3 + [(503, "down", {})] * 8
+    date_now = format_datetime(datetime.now(UTC), usegmt=True)
+    faulty.script = (
+        [
+            (500, "x", {}),
+            (429, "x", {"Retry-After": "0"}),
+            (200, "HANG", {}),
+            (200, "GARBAGE", {}),
+        ]
+        * 3
+        + [
+            (200, "TRICKLE", {}),
+            (429, "x", {"Retry-After": date_now}),
+            (200, "PROCESS_SCORE: 42", {}),
+            _shape({"choices": [{"message": {"content": None}}], "usage": None}),
+            _shape({"choices": [{"message": "PROCESS_SCORE: [7]"}]}),
+            _shape([]),
+        ]
+        + [(503, "down", {})] * 8
+    )
     try:
         cfg = tiny_run_config(
             tiny_model_dir,
