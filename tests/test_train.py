@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -153,3 +154,55 @@ def test_cli_run_ends_with_a_summary_and_adapters_travel(
     assert main(args) == 0
     result = json.loads((evaluated / "eval.json").read_text())
     assert result["adapters"] == str(tmp_path / "run" / "adapters") and result["tasks"] == 2
+
+
+def test_non_finite_loss_skips_that_agents_step_and_k_in_a_row_stop_the_run(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NaN in one agent's loss: that agent takes no optimizer step (logged as skipped),
+    the others train on; ``train.max_nonfinite_steps`` such steps in a row stop the run."""
+    from mappa.models.interface import TokenLogprobs
+    from mappa.rl import experience, update
+    from mappa.rl.update import NON_FINITE, NonFiniteError
+
+    real = experience.action_logprobs
+
+    def poisoned(
+        policy: Any, agent: str | None, actions: Any, temperature: float, with_entropy: bool = False
+    ) -> TokenLogprobs:
+        out = real(policy, agent, actions, temperature, with_entropy)
+        return out._replace(logprobs=out.logprobs * float("nan")) if agent == "verifier" else out
+
+    monkeypatch.setattr(update, "action_logprobs", poisoned)
+    cfg = tiny_run_config(
+        tiny_model_dir, tmp_path / "run", "train.steps=3", "train.max_nonfinite_steps=3"
+    )
+    policies = load_policies(cfg)
+    before = {n: [p.detach().clone() for p in policies.adapter_parameters(n)] for n in AGENTS}
+    with pytest.raises(NonFiniteError, match=r"'verifier'.* 3 steps in a row"):
+        train(cfg, policies)
+
+    metrics = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2]  # each step logged before the stop
+    for m in metrics:
+        assert m["rl/verifier/skipped"] == NON_FINITE
+        assert m["rl/problem_solver/skipped"] == "" and m["rl/code_executor/skipped"] == ""
+    for n in AGENTS:
+        same = all(
+            torch.equal(a, b)
+            for a, b in zip(policies.adapter_parameters(n), before[n], strict=True)
+        )
+        assert same == (n == "verifier"), n
+
+
+def test_non_finite_guard_counts_only_steps_in_a_row() -> None:
+    from mappa.rl.update import NON_FINITE, NonFiniteError, NonFiniteGuard
+
+    guard = NonFiniteGuard(["a", "b"], limit=2)
+    bad = {"rl/a/skipped": NON_FINITE, "rl/b/skipped": "no actions"}
+    guard.check(0, bad)
+    guard.check(1, {"rl/a/skipped": ""})  # a finite step resets the count
+    guard.check(2, bad)
+    assert guard.counts == {"a": 1, "b": 0}
+    with pytest.raises(NonFiniteError, match=r"'a'.*2 steps in a row \(up to step 3\)"):
+        guard.check(3, bad)
