@@ -393,6 +393,9 @@ def test_error_bodies_are_stored_with_credentials_redacted(
     for secret in ("AIzaSy", "my-very-secret-key", "sk-proj"):
         assert secret not in score.rationale
     assert "key=***" in score.rationale and "Bearer ***" in score.rationale
+    server.default = (500, "x" * 290 + " my-very-secret-key", {})  # the key straddles the cut
+    [score] = coach(server.url, api_key_env="MY_COACH_KEY", max_retries=0).score([ctx()])
+    assert "my-very" not in score.rationale
 
 
 def test_retries_are_counted_truthfully(server: FakeOpenAIServer) -> None:

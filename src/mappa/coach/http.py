@@ -283,6 +283,10 @@ class HttpCoach:
     def _redact(self, text: str) -> str:
         return redact(text, self.secrets)
 
+    def _body(self, resp: httpx.Response) -> str:
+        """The start of a reply's body, redacted before it is cut (a cut key still leaks)."""
+        return self._redact(resp.text[: 20 * _BODY_CHARS])[:_BODY_CHARS]
+
     async def _attempt(self, client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
         """One request, with the whole of it (connect to last byte) inside ``timeout_s``."""
         async with asyncio.timeout(self.cfg.timeout_s):
@@ -318,19 +322,19 @@ class HttpCoach:
                     try:
                         text, prompt, completion, logprobs = read_reply(resp.json())
                     except ValueError as err:  # also JSON decode errors
-                        last = f"malformed reply: {err}: {resp.text[:_BODY_CHARS]!r}"
+                        last = f"malformed reply: {err}: {self._body(resp)!r}"
                     else:
                         return _Reply(text, prompt, completion, attempt, logprobs)
                 elif status in _FATAL_STATUS:
                     raise CoachFatalError(
                         f"coach server answered HTTP {status} to POST "
                         f"{self._redact(str(resp.request.url))} (model {self.cfg.model!r}): "
-                        f"{self._redact(resp.text[:_BODY_CHARS])!r}. Not retried: check "
+                        f"{self._body(resp)!r}. Not retried: check "
                         "coach.http.base_url (up to and including /v1), coach.http.model "
                         "and coach.http.api_key_env."
                     )
                 else:
-                    last = f"HTTP {status}: {resp.text[:_BODY_CHARS]}"
+                    last = f"HTTP {status}: {self._body(resp)}"
                     if status not in _RETRY_STATUS:
                         break
                     asked = retry_after_s(
