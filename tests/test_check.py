@@ -320,3 +320,21 @@ def test_task_files_name_file_and_line_and_every_problem_is_listed(tmp_path: Pat
     assert message.startswith("3 problems:\n  model.path: ")
     assert f"eval.source: {dup}: duplicate task ids '7'" in message
     assert "task file" in _problem(f"tasks.source={tmp_path / 'missing.json'}")
+
+
+def test_the_cli_reports_check_problems_with_exit_2_before_any_run_dir(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 1}\n')
+    run_dir = tmp_path / "run"
+    code = (
+        "import sys\nfrom mappa.cli import main\n"
+        f"rc = main(['train', 'model.path=/no/model', 'tasks.source={tasks}', "
+        f"'run_dir={run_dir}'])\n"
+        "print('TORCH', 'torch' in sys.modules)\nsys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("mappa: 2 problems:\n  model.path: '/no/model'")
+    assert f"tasks.source: {tasks}: duplicate task ids '1' (line 1, line 2)" in proc.stderr
+    assert "Traceback" not in proc.stderr and "TORCH False" in proc.stdout
+    assert not run_dir.exists()
