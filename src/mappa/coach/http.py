@@ -437,7 +437,12 @@ class HttpCoach:
                     bar.update(1)
                     return score
 
-                return list(await asyncio.gather(*(one(c) for c in contexts)))
+                try:
+                    async with asyncio.TaskGroup() as group:
+                        tasks = [group.create_task(one(c)) for c in contexts]
+                except* CoachFatalError as fatal:  # the only error a task lets out
+                    raise fatal.exceptions[0] from None  # the others were cancelled
+                return [t.result() for t in tasks]
 
     def score(self, contexts: Sequence[CoachContext]) -> list[Score]:
         return asyncio.run(self._score_all(contexts))
