@@ -227,6 +227,16 @@ def test_expected_score_mode_reads_logprobs(server: FakeOpenAIServer) -> None:
     assert server.requests[0]["body"]["logprobs"] is True
 
 
+def test_malformed_logprobs_leave_the_sampled_score(server: FakeOpenAIServer) -> None:
+    server.logprobs = [
+        {"token": "PROCESS_SCORE:", "logprob": None, "top_logprobs": None},
+        {"token": " 7", "logprob": None, "top_logprobs": [{"token": " 7", "logprob": None}]},
+    ]
+    server.script = [(200, "PROCESS_SCORE: 7", {})]
+    [score] = coach(server.url, score_mode="expected").score([ctx()])
+    assert (score.value, score.flagged) == (7.0, False)
+
+
 def _shape(payload: object) -> Reply:
     return (200, "RAW:" + json.dumps(payload), {})
 
