@@ -84,7 +84,7 @@ def reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("pause", "lost_from"),
-    [("rollout@1", 0), ("update@3", 2), ("checkpoint@4", 2)],
+    [("rollout@3", 2), ("update@3", 2), ("checkpoint@4", 2)],
     ids=["rollout", "update", "checkpoint-write"],
 )
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(
@@ -114,15 +114,11 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     ckpt = latest_checkpoint(run_dir)
-    assert (ckpt is None) == (lost_from == 0)
-    if ckpt is not None:
-        assert json.loads((run_dir / "adapters" / "step.json").read_text()) == {"step": lost_from}
+    assert ckpt is not None and ckpt.name == f"step-{lost_from:06d}"
+    assert json.loads((run_dir / "adapters" / "step.json").read_text()) == {"step": lost_from}
     with (run_dir / "metrics.jsonl").open("a") as fh:  # as if killed mid-append, too
         fh.write('{"step": 99, "tor')
 
-    if lost_from == 0:  # killed before the first checkpoint: nothing to resume from
-        assert main(["train", "--resume", str(run_dir)]) == 2
-        return
     assert main(["train", "--resume", str(run_dir)]) == 0
     _same_metrics(_check_records(run_dir), reference["metrics"])
     episodes = [
@@ -148,6 +144,11 @@ def test_resume_refuses_a_different_config_and_extends_steps(
     assert main([*args, "rl.lr=0.5", "seed=3"]) == 2
     err = capsys.readouterr().err
     assert "rl.lr (0.01 -> 0.5)" in err and "seed (0 -> 3)" in err and "train.steps (" not in err
+    bare = tmp_path / "killed-before-its-first-checkpoint"
+    bare.mkdir()
+    (bare / "config.yaml").write_text((run_dir / "config.yaml").read_text())
+    assert main(["train", "--resume", str(bare)]) == 2
+    assert "no complete checkpoint" in capsys.readouterr().err
 
     # Extended to 4 steps: steps 0-1 ran on a 2-step lr schedule, so only the sampling and
     # the coach of step 0-1 match the 4-step reference; the run goes on from its checkpoint.

@@ -167,15 +167,20 @@ def save_checkpoint(run_dir: Path, step: int, state: TrainState) -> Path:
         shutil.rmtree(final)
     tmp.rename(final)
     _fsync(root)
-    link = run_dir / ".adapters.tmp"
-    link.unlink(missing_ok=True)
-    link.symlink_to(Path(CHECKPOINTS) / final.name / "adapters", target_is_directory=True)
-    link.replace(run_dir / "adapters")
-    _fsync(run_dir)
+    _link_adapters(run_dir, final)
     for old in root.iterdir():
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _link_adapters(run_dir: Path, ckpt: Path) -> None:
+    """Point ``run_dir/adapters`` at ``ckpt``'s adapters: a new link, one atomic rename."""
+    link = run_dir / ".adapters.tmp"
+    link.unlink(missing_ok=True)
+    link.symlink_to(Path(CHECKPOINTS) / ckpt.name / "adapters", target_is_directory=True)
+    link.replace(run_dir / "adapters")
+    _fsync(run_dir)
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -260,6 +265,7 @@ def restore(run_dir: Path, state: TrainState) -> int:
     state.kl_ctl.beta = float(saved["kl_beta"])
     state.guard.counts.update({k: int(v) for k, v in saved["nonfinite"].items()})
     state.batches.load_state_dict(saved["batches"])
+    _link_adapters(run_dir, ckpt)  # a kill between a checkpoint's two renames
     for name in RECORD_FILES:
         path = run_dir / name
         offset = int(meta["offsets"].get(name, 0))
