@@ -30,20 +30,23 @@ KEYS = (
     "kl_beta",
     "mean_kl",
     "lr",
+    "eval/accuracy",
     *(f"coach/{a}" for a in AGENTS),
     *(f"rl/{a}/{k}" for a in AGENTS for k in ("loss", "grad_norm", "tokens", "mean_reward")),
 )
 
 
 def _config(model_dir: Path, run_dir: Path, path: Path, *overrides: str) -> Path:
-    cfg = tiny_run_config(model_dir, run_dir, f"train.steps={STEPS}", *overrides)
+    cfg = tiny_run_config(
+        model_dir, run_dir, f"train.steps={STEPS}", "eval.every=2", "eval.num_tasks=2", *overrides
+    )
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     return path
 
 
 def _check_records(run_dir: Path) -> list[dict[str, Any]]:
     """No torn line, one metrics line per step in order, episodes of exactly those steps."""
-    for name in ("episodes.jsonl", "metrics.jsonl"):
+    for name in ("episodes.jsonl", "metrics.jsonl", "heldout_episodes.jsonl"):
         text = (run_dir / name).read_text()
         assert text.endswith("\n"), name
         for line in text.splitlines():
@@ -52,7 +55,14 @@ def _check_records(run_dir: Path) -> list[dict[str, Any]]:
     assert [m["step"] for m in metrics] == list(range(len(metrics)))
     steps = [e["step"] for e in read_jsonl(run_dir / "episodes.jsonl")]
     assert steps == sorted(steps) and set(steps) == set(range(len(metrics)))
+    heldout = [e["step"] for e in read_jsonl(run_dir / "heldout_episodes.jsonl")]
+    assert set(heldout) == {m["step"] for m in metrics if "eval/accuracy" in m}
+    assert heldout == sorted(heldout) and len(heldout) == 2 * len(set(heldout))
     return metrics
+
+
+def _completions(path: Path) -> list[list[list[int]]]:
+    return [[a["completion_ids"] for a in e["actions"]] for e in read_jsonl(path)]
 
 
 def _same_metrics(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
@@ -74,10 +84,8 @@ def reference(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     run_dir = tmp / "run"
     return {
         "metrics": _check_records(run_dir),
-        "episodes": [
-            [a["completion_ids"] for a in e["actions"]]
-            for e in read_jsonl(run_dir / "episodes.jsonl")
-        ],
+        "episodes": _completions(run_dir / "episodes.jsonl"),
+        "heldout": _completions(run_dir / "heldout_episodes.jsonl"),
     }
 
 
@@ -121,10 +129,8 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(
 
     assert main(["train", "--resume", str(run_dir)]) == 0
     _same_metrics(_check_records(run_dir), reference["metrics"])
-    episodes = [
-        [a["completion_ids"] for a in e["actions"]] for e in read_jsonl(run_dir / "episodes.jsonl")
-    ]
-    assert episodes == reference["episodes"]
+    assert _completions(run_dir / "episodes.jsonl") == reference["episodes"]
+    assert _completions(run_dir / "heldout_episodes.jsonl") == reference["heldout"]
     assert json.loads((run_dir / "adapters" / "step.json").read_text()) == {"step": STEPS}
     assert [d.name for d in (run_dir / "checkpoints").iterdir()] == [f"step-{STEPS:06d}"]
 
