@@ -106,10 +106,10 @@ def train(
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
     guard = NonFiniteGuard(names, cfg.train.max_nonfinite_steps)
     state = TrainState(policies, optimizers, kl_ctl, batches, guard)
-    start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG restored last
     runner = factory.make_runner(cfg, policies, run_dir / "workspaces")
-    saved = start if resume is not None else -1
     try:
+        start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last
+        saved = start if resume is not None else -1
         for step in tqdm(range(start, cfg.train.steps), desc="train", unit="step"):
             rollout = runner.run(RolloutInput(next(batches), step, "train"))
             checkpoint.pause_point("rollout", step)
