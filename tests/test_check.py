@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -124,20 +124,6 @@ def _assert_names_key(err: ConfigError, key: str) -> None:
     ), (key, str(err))
 
 
-def _known_config_py_bug(key: str, value: Any, via_override: bool) -> bool:
-    """Cases ``mappa.config`` still answers with another exception (reported, not ours to
-    fix here): a non-mapping ``workflow`` or non-string ``workflow.preset`` (AttributeError /
-    TypeError in ``with_preset``), and an override below a scalar (``rl.lr.x=1``: TypeError in
-    ``_set_dotted``). ``test_known_config_py_bugs`` fails once they are fixed: then delete
-    this function and that test."""
-    if key == "workflow":
-        return not isinstance(value, dict)
-    if key == "workflow.preset":
-        return not (value is None or isinstance(value, str))
-    parent = key.rsplit(".", 1)[0]
-    return via_override and key.endswith(UNKNOWN) and parent in LEAF_KEYS
-
-
 LEAF_KEYS = {k for k, a, _ in LEAVES if not (isinstance(a, type) and issubclass(a, BaseModel))}
 LEAF_KEYS -= {"agents", "agents.1.produces", "model.lora.target_modules", "rl.adam_betas"}
 
@@ -165,7 +151,6 @@ def test_every_bad_value_is_a_config_error_naming_its_key(
     """Wrong types, out-of-range numbers, bad enums and bad sections, at random keys of the
     schema, in the file or as an override: always a ``ConfigError`` naming file and key."""
     key, value = case
-    assume(not _known_config_py_bug(key, value, via_override))
     path, err = _load_bad(key, value, via_override)
     _assert_names_key(err.value, key)
     assert str(path) in str(err.value)
@@ -182,7 +167,6 @@ def test_every_unknown_key_is_a_config_error_naming_it(
 ) -> None:
     """An unknown key in any section, or below a plain value, is refused by name."""
     key = f"{where}.{UNKNOWN}" if where else UNKNOWN
-    assume(not _known_config_py_bug(key, value, via_override))
     path, err = _load_bad(key, value, via_override)
     if where in LEAF_KEYS:  # a mapping where a value belongs: the value's key is named
         _assert_names_key(err.value, where)
@@ -191,7 +175,7 @@ def test_every_unknown_key_is_a_config_error_naming_it(
     assert str(path) in str(err.value)
 
 
-KNOWN_BUGS = [
+ODD_SHAPES = [
     ("workflow", 5, False),
     ("workflow", [1], True),
     ("workflow.preset", 12, False),
@@ -201,15 +185,13 @@ KNOWN_BUGS = [
 ]
 
 
-@pytest.mark.xfail(
-    raises=(AttributeError, TypeError),
-    strict=True,
-    reason="mappa.config raises AttributeError/TypeError here (see _known_config_py_bug)",
-)
-@pytest.mark.parametrize(("key", "value", "via_override"), KNOWN_BUGS)
-def test_known_config_py_bugs(key: str, value: Any, via_override: bool) -> None:
-    assert _known_config_py_bug(key, value, via_override)
-    _load_bad(key, value, via_override)
+@pytest.mark.parametrize(("key", "value", "via_override"), ODD_SHAPES)
+def test_odd_shapes_are_config_errors(key: str, value: Any, via_override: bool) -> None:
+    """A section that is not a mapping, a preset that is not a name, an override below a
+    plain value: refused by name like any other bad key (they once raised TypeError)."""
+    path, err = _load_bad(key, value, via_override)
+    _assert_names_key(err.value, key.removesuffix(f".{UNKNOWN}"))
+    assert str(path) in str(err.value)
 
 
 def test_the_cli_rejects_a_bad_config_with_exit_2_and_no_torch(tmp_path: Path) -> None:

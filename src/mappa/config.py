@@ -538,6 +538,8 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
             key: Any = _list_key(node, part, dotted)
         else:
             key = part
+        if not isinstance(node, dict | list):
+            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is not a section")
         if last:
             node[key] = value
         else:
@@ -610,7 +612,12 @@ def with_preset(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     the preset's agents by index or by name.
     """
     probe = apply_overrides(copy.deepcopy(raw), overrides)
-    preset = probe.get("workflow", {}).get("preset", WorkflowConfig.model_fields["preset"].default)
+    workflow = probe.get("workflow", {})
+    if not isinstance(workflow, dict):
+        raise ConfigError("workflow: must be a mapping")
+    preset = workflow.get("preset", WorkflowConfig.model_fields["preset"].default)
+    if preset is not None and not isinstance(preset, str):
+        raise ConfigError(f"workflow.preset: must be a preset name or a file path, not {preset!r}")
     merged = _merge(load_preset(preset), raw, "") if preset else raw
     if preset:
         merged.setdefault("workflow", {})["preset"] = preset

@@ -255,7 +255,9 @@ def make_coach(cfg: RunConfig, policies: AgentPolicies | None) -> CoachBackend:
     c = cfg.coach
     template = coach_template(cfg)
     if c.backend == "http":
-        model_id = f"{c.http.base_url}|{c.http.model}|{c.http.score_mode}|t={c.http.temperature}"
+        from mappa.coach.http import request_fingerprint
+
+        model_id = request_fingerprint(c.http)  # every request setting that changes a reply
     else:
         model_id = f"{c.local.model_path or cfg.model.path}|expected"
     namespace = f"{template.digest}|{c.backend}|{model_id}"

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from mappa import checkpoint, factory
 from mappa.checkpoint import TaskBatches, TrainState
-from mappa.coach import score_episodes
+from mappa.coach import FallbackGuard, score_episodes
 from mappa.coach.stats import accounting, bias
 from mappa.config import RunConfig
 from mappa.evaluation import TrainingEvaluator, training_tasks
@@ -104,6 +104,7 @@ def train(
     params, optimizers = factory.make_optimizers(cfg, policies)
     batches = TaskBatches(tasks, cfg.train.prompts_per_step, cfg.train.samples_per_prompt, cfg.seed)
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
+    coach_guard = FallbackGuard(cfg.coach.max_fallback_steps)  # stops a run the coach fails
     guard = NonFiniteGuard(names, cfg.train.max_nonfinite_steps)
     state = TrainState(policies, optimizers, kl_ctl, batches, guard)
     runner = factory.make_runner(cfg, policies, run_dir / "workspaces")
@@ -130,6 +131,7 @@ def train(
             )
             t_coach = time.monotonic() - t0
             append_episodes(run_dir / "episodes.jsonl", episodes)  # before training on them
+            coach_guard.observe(scores)
 
             metrics = step_metrics(step, episodes, cfg)
             prices = cfg.coach.price_per_mtok
