@@ -3,7 +3,8 @@
 A checkpoint is everything the loop needs to continue as if it had never stopped:
 
 - each agent's adapter (``adapters/<agent>``, standard PEFT) and its Adam state;
-- the KL controller's beta, the non-finite counters (``rl.update.NonFiniteGuard``);
+- the KL controller's beta, the non-finite counters (``rl.update.NonFiniteGuard``) and the
+  coach's run of all-fallback steps (``coach.FallbackGuard``);
 - the RNG states (Python ``random``, torch CPU and CUDA) and the task order's position
   (``TaskBatches``: its ``random.Random`` state and the tasks still pending this epoch);
 - the step (steps done) and the byte size of each JSONL record file at that moment.
@@ -21,7 +22,7 @@ beside the adapters in ``adapters/step.json``.
 Resume restores the newest checkpoint, cuts every record file back to its recorded size
 (records of the lost steps and a torn last line go), and removes the lost steps'
 workspaces. It refuses a config that differs from the run's ``config.yaml`` in anything
-but ``train.steps`` (and ``run_dir``), naming the keys.
+but ``RESUMABLE_KEYS``, naming the keys.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import yaml
 
+from mappa.coach import FallbackGuard
 from mappa.config import RunConfig
 from mappa.jsonl import truncate_jsonl
 from mappa.rl.kl import KLController
@@ -53,8 +55,29 @@ log = logging.getLogger(__name__)
 
 RECORD_FILES = ("episodes.jsonl", "metrics.jsonl", "heldout_episodes.jsonl")
 CHECKPOINTS = "checkpoints"
-RESUMABLE_KEYS = frozenset({"train.steps", "run_dir"})
-"""Config keys a resumed run may change (``train.steps`` extends or shortens it)."""
+RESUMABLE_KEYS = frozenset(
+    {
+        "train.steps",
+        "train.save_every",
+        "run_dir",
+        "coach.max_fallback_steps",
+        *(
+            f"coach.http.{key}"
+            for key in (
+                "base_url",
+                "api_key_env",
+                "timeout_s",
+                "max_retries",
+                "retry_after_cap_s",
+                "concurrency",
+            )
+        ),
+    }
+)
+"""Config keys a resumed run may change: ``train.steps`` extends or shortens it; the rest say
+where the coach server is and how hard to try, so a run stopped by a moved or overloaded
+server can continue, but nothing that changes what is computed (the coach's model, its
+prompt, sampling) may differ."""
 
 
 class TaskBatches:
@@ -100,6 +123,7 @@ class TrainState:
     kl_ctl: KLController
     batches: TaskBatches
     guard: NonFiniteGuard
+    coach_guard: FallbackGuard
 
 
 # ------------------------------------------------------------------------ test hook
@@ -152,6 +176,7 @@ def save_checkpoint(run_dir: Path, step: int, state: TrainState) -> Path:
             "optimizers": {a: opt.state_dict() for a, opt in state.optimizers.items()},
             "kl_beta": state.kl_ctl.beta,
             "nonfinite": dict(state.guard.counts),
+            "coach_fallback_streak": state.coach_guard.streak,
             "batches": state.batches.state_dict(),
             "python_rng": random.getstate(),
             "torch_rng": torch.get_rng_state(),
@@ -181,6 +206,18 @@ def _link_adapters(run_dir: Path, ckpt: Path) -> None:
     link.symlink_to(Path(CHECKPOINTS) / ckpt.name / "adapters", target_is_directory=True)
     link.replace(run_dir / "adapters")
     _fsync(run_dir)
+
+
+def resume_hint(run_dir: Path) -> str:
+    """What a user whose run stopped can do next: where its newest checkpoint is."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return f"No checkpoint was written in {run_dir}; after fixing this, start a new run."
+    step = json.loads((ckpt / "checkpoint.json").read_text())["step"]
+    return (
+        f"The newest checkpoint is step {step} ({ckpt}); after fixing this, continue with "
+        f"`mappa train --resume {run_dir}`."
+    )
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -228,7 +265,7 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
         shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff)
         raise ValueError(
             f"{run_dir}: the config differs from the run's config.yaml in {shown}; only "
-            "train.steps may change on resume"
+            f"only {', '.join(sorted(RESUMABLE_KEYS))} may change on resume"
         )
     return dict(saved)
 
@@ -264,6 +301,7 @@ def restore(run_dir: Path, state: TrainState) -> int:
         opt.load_state_dict(saved["optimizers"][agent])
     state.kl_ctl.beta = float(saved["kl_beta"])
     state.guard.counts.update({k: int(v) for k, v in saved["nonfinite"].items()})
+    state.coach_guard.streak = int(saved.get("coach_fallback_streak", 0))
     state.batches.load_state_dict(saved["batches"])
     _link_adapters(run_dir, ckpt)  # a kill between a checkpoint's two renames
     for name in RECORD_FILES:

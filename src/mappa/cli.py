@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="RUN_DIR",
         help="continue a run from its newest checkpoint (records after it are cut); the "
-        "config is the run's config.yaml, and only train.steps may differ",
+        "config is the run's config.yaml; only train.steps, train.save_every and where the coach "
+        "server is (and how hard to try it) may differ",
     )
     ev = sub.choices["eval"]
     ev.add_argument(
@@ -83,9 +84,19 @@ def _setup_logging() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per coach request otherwise
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # PEFT 0.21 calls a transformers API that transformers 5 deprecates; not actionable.
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
+
+
+def _train(cfg: RunConfig, resume: Path | None) -> int:
+    from mappa.report.summary import run_summary
+    from mappa.train import train
+
+    run_dir = train(cfg, resume=resume)
+    print(run_summary(run_dir, [a.name for a in cfg.agents]))
+    return 0
 
 
 def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
@@ -130,6 +141,11 @@ def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
         print(f"{key:<{width}}  {_fmt(value)}")
     print(f"{'written':<{width}}  {out / 'eval.json'}")
     return 0
+
+
+def _stopped(err: BaseException) -> str:
+    """The message of a run that stopped on purpose, with its notes (where to resume)."""
+    return "\n".join([f"mappa: {err}", *getattr(err, "__notes__", [])])
 
 
 def _fmt(value: object) -> str:
@@ -186,21 +202,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
     _setup_logging()
-    if args.command == "train":
-        from mappa.report.summary import run_summary
-        from mappa.rl.update import NonFiniteError
-        from mappa.train import train
+    from mappa.coach import CoachFatalError
+    from mappa.rl.update import NonFiniteError
 
-        try:
-            run_dir = train(cfg, resume=resume)
-        except NonFiniteError as err:
-            print(f"mappa: {err}", file=sys.stderr)
-            return 1
-        print(run_summary(run_dir, [a.name for a in cfg.agents]))
-        return 0
-    if args.command == "coach-check":
-        return _coach_check(cfg)
-    return _eval(cfg, args)
+    try:
+        if args.command == "train":
+            return _train(cfg, resume)
+        if args.command == "coach-check":
+            return _coach_check(cfg)
+        return _eval(cfg, args)
+    except (CoachFatalError, NonFiniteError) as err:  # stops that need the user, not a bug
+        print(_stopped(err), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

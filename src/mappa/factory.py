@@ -39,10 +39,10 @@ def _model_path_problem(key: str, path: str) -> str | None:
     import re
 
     if path.startswith("pypi:"):
-        from mappa.models.loading import locate_gguf  # (imports torch)
+        from mappa.models.packages import PYPI_PREFIX, locate_gguf
 
         try:
-            locate_gguf(path[len("pypi:") :])
+            locate_gguf(path.removeprefix(PYPI_PREFIX))
         except (ValueError, OSError) as err:
             return f"{key}: {err}"
         return None

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from mappa import checkpoint, factory
 from mappa.checkpoint import TaskBatches, TrainState
-from mappa.coach import FallbackGuard, score_episodes
+from mappa.coach import CoachFatalError, FallbackGuard, score_episodes
 from mappa.coach.stats import accounting, bias
 from mappa.config import RunConfig
 from mappa.evaluation import TrainingEvaluator, training_tasks
@@ -32,7 +32,7 @@ from mappa.jsonl import append_jsonl
 from mappa.report.metrics import agent_metrics
 from mappa.rl.kl import KLController
 from mappa.rl.schedule import set_step_lr
-from mappa.rl.update import NonFiniteGuard, update_agents
+from mappa.rl.update import NonFiniteError, NonFiniteGuard, update_agents
 from mappa.tasks import Task
 from mappa.workflow.interface import RolloutInput
 from mappa.workflow.records import Episode, append_episodes
@@ -106,7 +106,7 @@ def train(
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
     coach_guard = FallbackGuard(cfg.coach.max_fallback_steps)  # stops a run the coach fails
     guard = NonFiniteGuard(names, cfg.train.max_nonfinite_steps)
-    state = TrainState(policies, optimizers, kl_ctl, batches, guard)
+    state = TrainState(policies, optimizers, kl_ctl, batches, guard, coach_guard)
     runner = factory.make_runner(cfg, policies, run_dir / "workspaces")
     try:
         start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last
@@ -170,6 +170,9 @@ def train(
             if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
                 checkpoint.save_checkpoint(run_dir, step + 1, state)
                 saved = step + 1
+    except (CoachFatalError, NonFiniteError) as err:  # a stop the user must act on
+        err.add_note(checkpoint.resume_hint(run_dir))
+        raise
     finally:
         runner.close()
     if saved != max(start, cfg.train.steps):

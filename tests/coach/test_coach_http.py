@@ -538,3 +538,82 @@ def test_training_continues_through_a_faulty_coach(tiny_model_dir: Path, tmp_pat
     total = sum(m[f"actions/{a}"] for a in ("problem_solver", "code_executor", "verifier"))
     assert m["trained_actions"] == total - m["coach/flagged"] > 0
     assert (run_dir / "adapters" / "verifier" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("status", [401, 404])
+def test_mappa_train_stops_at_once_on_a_client_error(
+    tiny_model_dir: Path, tmp_path: Path, status: int
+) -> None:
+    """A real ``mappa train`` process against a coach answering 401/404: one request, no
+    retry, exit status 1, a one-paragraph message naming the status (no traceback), and no
+    step recorded as if it had been trained."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    server = FakeOpenAIServer(default=(status, '{"error": "no such model or key"}', {}))
+    run_dir = tmp_path / "run"
+    cfg = tiny_run_config(
+        tiny_model_dir,
+        run_dir,
+        "train.steps=3",
+        "coach.backend=http",
+        f"coach.http.base_url={server.url}",
+        "coach.http.max_retries=4",
+        "coach.http.concurrency=1",
+    )
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "mappa.cli", "train", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        server.close()
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert f"mappa: coach server answered HTTP {status}" in proc.stderr, proc.stderr[-3000:]
+    assert "No checkpoint was written" in proc.stderr
+    assert len(server.requests) == 1  # the first action's request; nothing retried after it
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.integration
+def test_the_fallback_streak_survives_a_resume(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two all-fallback steps, a stop, a resume: the third all-fallback step stops the run,
+    as it would have without the stop (the streak is in the checkpoint)."""
+    import yaml
+
+    from mappa.cli import main
+    from mappa.jsonl import read_jsonl
+
+    down = FakeOpenAIServer(default=(503, "down", {}))
+    run_dir = tmp_path / "run"
+    cfg = tiny_run_config(
+        tiny_model_dir,
+        run_dir,
+        "train.steps=2",
+        "coach.backend=http",
+        f"coach.http.base_url={down.url}",
+        "coach.http.max_retries=0",
+        "coach.max_fallback_steps=3",
+    )
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    try:
+        assert main(["train", "--config", str(config)]) == 0
+        # where the server is and how hard to try it may change on resume
+        resumed = ["train", "--resume", str(run_dir), "train.steps=5", "coach.http.timeout_s=9"]
+        assert main(resumed) == 1
+    finally:
+        down.close()
+    err = capsys.readouterr().err
+    assert "fallback for 3 consecutive steps" in err and "newest checkpoint is step 2" in err
+    assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [0, 1]

@@ -21,7 +21,7 @@ from mappa.coach.http import HttpCoach
 from mappa.coach.llamacpp import LlamaCppServer
 from mappa.coach.templates import load_template
 from mappa.config import HttpCoachConfig
-from mappa.models.loading import locate_gguf
+from mappa.models.packages import locate_gguf
 
 pytestmark = pytest.mark.integration
 
