@@ -493,11 +493,14 @@ def test_request_fingerprint_covers_what_changes_replies() -> None:
 
 
 def test_training_continues_through_a_faulty_coach(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """500s, 429s (both Retry-After forms), hangs, trickles, garbage, odd shapes and
-    out-of-range scores: every action still gets a score, the run finishes, and the flagged
-    ones are counted and left out of training."""
+    """A real ``mappa train`` through 500s, 429s (both Retry-After forms), hangs, trickles,
+    garbage, odd shapes and out-of-range scores: every action still gets a score, the run
+    finishes, and each fallback is flagged in episodes.jsonl with its reason, counted in
+    metrics.jsonl and left out of training."""
+    import yaml
+
+    from mappa.cli import main
     from mappa.jsonl import read_jsonl
-    from mappa.train import train
 
     faulty = FakeOpenAIServer(default=(200, "PROCESS_SCORE: 6", {}))
     date_now = format_datetime(datetime.now(UTC), usegmt=True)
@@ -530,11 +533,19 @@ def test_training_continues_through_a_faulty_coach(tiny_model_dir: Path, tmp_pat
             "coach.http.max_retries=1",
             "coach.http.concurrency=4",
         )
-        run_dir = train(cfg)
+        config = tmp_path / "c.yaml"
+        config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+        assert main(["train", "--config", str(config)]) == 0
     finally:
         faulty.close()
+    run_dir = tmp_path / "run"
     [m] = read_jsonl(run_dir / "metrics.jsonl")
-    assert m["coach/flagged"] >= 1 and m["coach/failures"] >= 1 and m["coach/retries"] >= 1
+    scores = [a["coach"] for e in read_jsonl(run_dir / "episodes.jsonl") for a in e["actions"]]
+    flagged = [s for s in scores if s["flagged"]]
+    assert {s["flag_reason"] for s in flagged} >= {"unavailable", "out_of_range"}
+    assert all(s["value"] == 5.0 and s["rationale"] for s in flagged)
+    assert m["coach/flagged"] == len(flagged) and m["coach/failures"] >= 1
+    assert m["coach/retries"] == sum(s["retries"] for s in scores) >= 1
     total = sum(m[f"actions/{a}"] for a in ("problem_solver", "code_executor", "verifier"))
     assert m["trained_actions"] == total - m["coach/flagged"] > 0
     assert (run_dir / "adapters" / "verifier" / "adapter_model.safetensors").is_file()

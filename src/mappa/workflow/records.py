@@ -21,7 +21,8 @@ class Score:
 
     ``flagged`` marks a fallback value (coach unreachable or unparseable): it is recorded but
     left out of training by default, so a coach outage never pretends to be feedback.
-    ``flag_reason`` says why (``unavailable``, ``unparseable``, ``no_score_mass``).
+    ``flag_reason`` says why (``unavailable``, ``unparseable``, ``out_of_range``,
+    ``no_score_mass``).
     """
 
     value: float
