@@ -156,3 +156,42 @@ def test_reference_and_no_grad_and_empty_completions(policies: AgentPolicies) ->
             torch.zeros(1, dtype=torch.long),
             chunk_tokens=0,
         )
+
+
+def test_finished_rows_leave_the_batch_without_changing_any_sample(
+    policies: AgentPolicies,
+) -> None:
+    """Greedy, a batch of three sorted by length, one row stopping early: every row's tokens
+    and log-probs equal those generated alone, and the steps after the stop run on two rows."""
+    prompts, _ = _prompts_and_completions(len(policies.tokenizer))
+    saved_stop = policies.stop_ids
+    try:
+        policies.stop_ids = set()  # first, the unstopped greedy continuations
+        alone = [policies.generate("solver", [p], 8, 0.7, greedy=True)[0] for p in prompts]
+        stop_token = alone[1].completion_ids[2]  # the second prompt stops at its third token
+        policies.stop_ids = {stop_token}
+        expected = [s.completion_ids for s in alone]
+        expected = [
+            ids[: ids.index(stop_token) + 1] if stop_token in ids else ids for ids in expected
+        ]
+        assert any(len(e) == 8 for e in expected) and len(expected[1]) <= 3
+
+        batch_rows: list[int] = []
+        causal_lm = policies.model.get_base_model()
+        handle = causal_lm.register_forward_hook(
+            lambda m, a, kw, o: batch_rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+        )
+        try:
+            batched = policies.generate("solver", prompts, 8, 0.7, batch_size=8, greedy=True)
+        finally:
+            handle.remove()
+    finally:
+        policies.stop_ids = saved_stop
+    assert [s.completion_ids for s in batched] == expected
+    for b, a, e in zip(batched, alone, expected, strict=True):
+        assert b.prompt_ids == a.prompt_ids
+        assert b.truncated == (e[-1] != stop_token)
+        torch.testing.assert_close(
+            torch.tensor(b.logprobs), torch.tensor(a.logprobs[: len(e)]), atol=1e-5, rtol=0
+        )
+    assert batch_rows[0] == 3 and batch_rows[-1] < 3  # the finished row left the batch

@@ -199,6 +199,17 @@ class AgentPolicies:
         yield
 
     # ----------------------------------------------------------------- sampling
+    name = "hf"
+    """As a ``RolloutEngine`` (``rollout.engine: hf``): the trained model samples itself."""
+
+    def sync(self, source: object, step: int) -> None:
+        """Nothing to publish: generation runs on the very modules the update trained."""
+        if source is not self:
+            raise ValueError("the hf engine samples from its own adapters; sync it with itself")
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to the trainer."""
+
     @torch.no_grad()
     def generate(
         self,
@@ -209,16 +220,20 @@ class AgentPolicies:
         batch_size: int = 8,
         greedy: bool = False,
     ) -> list[Sample]:
-        """Sample one completion per prompt; returns the ids and their sampling log-probs."""
-        out: list[Sample] = []
+        """Sample one completion per prompt; returns the ids and their sampling log-probs.
+
+        Prompts are batched by length (longest first), so a batch pads little; the samples
+        come back in the order of ``prompts``.
+        """
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        out: dict[int, Sample] = {}
         with self.use(agent):
-            for i in range(0, len(prompts), batch_size):
-                out.extend(
-                    self._generate_batch(
-                        prompts[i : i + batch_size], max_new_tokens, temperature, greedy
-                    )
-                )
-        return out
+            for i in range(0, len(order), batch_size):
+                rows = order[i : i + batch_size]
+                batch = [prompts[r] for r in rows]
+                samples = self._generate_batch(batch, max_new_tokens, temperature, greedy)
+                out.update(zip(rows, samples, strict=True))
+        return [out[i] for i in range(len(prompts))]
 
     def _generate_batch(
         self,
@@ -227,13 +242,13 @@ class AgentPolicies:
         temperature: float,
         greedy: bool,
     ) -> list[Sample]:
-        pad = self.tokenizer.pad_token_id
-        ids, mask, positions = left_pad(prompts, pad, self.device)
+        """Sample a batch; a row that has sampled a stop token leaves the batch (its cache
+        rows are dropped), so no forward pass is spent on finished completions."""
+        ids, mask, positions = left_pad(prompts, self.tokenizer.pad_token_id, self.device)
         stop = torch.tensor(sorted(self.stop_ids), device=self.device)
-
-        tokens: list[torch.Tensor] = []
-        logps: list[torch.Tensor] = []
-        done = torch.zeros(len(prompts), dtype=torch.bool, device=self.device)
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logps: list[list[float]] = [[] for _ in prompts]
+        live = list(range(len(prompts)))  # batch row -> prompt index
         # Prefill: only the last position's logits are needed (logits_to_keep=1); a long
         # prompt must not hold a vocabulary-sized row per token.
         out = self.model(
@@ -247,12 +262,18 @@ class AgentPolicies:
         for _ in range(max_new_tokens):
             logp = F.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
             tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
-            tok = torch.where(done, torch.full_like(tok, pad), tok)
-            tokens.append(tok)
-            logps.append(logp.gather(-1, tok[:, None]).squeeze(-1))
-            done = done | torch.isin(tok, stop)
-            if bool(done.all()):
+            tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1)
+            for row, (t, lp) in enumerate(zip(tok.tolist(), tok_logp.tolist(), strict=True)):
+                tokens[live[row]].append(t)
+                logps[live[row]].append(lp)
+            going = ~torch.isin(tok, stop)
+            if not bool(going.any()):
                 break
+            if not bool(going.all()):
+                keep = going.nonzero().squeeze(-1)
+                out.cache.batch_select_indices(keep)
+                live = [live[r] for r in keep.tolist()]
+                tok, mask, next_pos = tok[keep], mask[keep], next_pos[keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
             out = self.model(
                 input_ids=tok[:, None],
@@ -263,16 +284,10 @@ class AgentPolicies:
                 logits_to_keep=1,
             )
             next_pos = next_pos + 1
-
-        tok_mat = torch.stack(tokens, dim=1).tolist()
-        logp_mat = torch.stack(logps, dim=1).tolist()
-        samples = []
-        for row, p in enumerate(prompts):
-            seq, lp = tok_mat[row], logp_mat[row]
-            end = next((j for j, t in enumerate(seq) if t in self.stop_ids), None)
-            n = len(seq) if end is None else end + 1  # keep the stop token: it was sampled
-            samples.append(Sample(list(p), seq[:n], lp[:n], truncated=end is None))
-        return samples
+        return [
+            Sample(list(p), seq, lp, truncated=not seq or seq[-1] not in self.stop_ids)
+            for p, seq, lp in zip(prompts, tokens, logps, strict=True)
+        ]
 
     # ----------------------------------------------------------------- scoring
     logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
