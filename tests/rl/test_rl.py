@@ -536,8 +536,9 @@ def test_experience_recomputes_old_logprobs_and_computes_the_kl_once() -> None:
     items = scored_actions(sampled, exclude_flagged=True)
     assert [(a.agent, a.turn) for _, a in items] == [("a", 0), ("b", 0), ("a", 0), ("b", 0)]
     exp = make_experience(policy, items, RLConfig(), beta=0.1, temperature=1.0)
-    # old log-probs per agent with its own adapter (micro-batch 4), then one reference pass
-    assert policy.calls == ["a", "b", None]
+    # old log-probs per agent with its own adapter (micro-batch 4), then the reference
+    # (adapters off) over the same per-agent micro-batches
+    assert policy.calls == ["a", "b", None, None]
     ref = torch.log_softmax(policy.ref, -1)
     assert torch.allclose(exp.sample[0], ref[[1, 2, 3]])  # kept as sampled
     lp_a = torch.log_softmax(policy.tables["a"].detach(), -1)

@@ -206,10 +206,20 @@ def fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
     return x if x.shape[1] == width else torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
-def micro_batches(rows: Sequence[int], size: int) -> list[list[int]]:
-    """An agent's rows in the chunks both the recomputation and the update use, so each
-    token's old log-prob comes from the very forward pass layout it is trained in."""
-    return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
+def micro_batches(rows: Sequence[int], size: int, actions: Sequence[Action]) -> list[list[int]]:
+    """An agent's rows in the chunks every pass over them uses (old, reference and trained
+    log-probs), so each token's old and reference log-probs come from the very forward-pass
+    layout it is trained in. Rows are bucketed by length, longest first, so a chunk pads
+    little; the loss sums over chunks, so the grouping does not change the update.
+
+    >>> from types import SimpleNamespace as A
+    >>> acts = [A(prompt_ids=[0] * n, completion_ids=[0]) for n in (1, 9, 4, 7, 2)]
+    >>> micro_batches([0, 1, 2, 3, 4], 2, acts)
+    [[1, 3], [2, 4], [0]]
+    """
+    lengths = {r: len(actions[r].prompt_ids) + len(actions[r].completion_ids) for r in rows}
+    ordered = sorted(rows, key=lambda r: -lengths[r])
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
 def action_logprobs(
@@ -229,35 +239,39 @@ def action_logprobs(
     )
 
 
-def behaviour_logprobs(
-    policy: TrainablePolicy, batch: RolloutBatch, micro_batch: int, temperature: float
+def _recomputed_logprobs(
+    policy: TrainablePolicy,
+    batch: RolloutBatch,
+    micro_batch: int,
+    temperature: float,
+    reference: bool,
 ) -> torch.Tensor:
-    """Old log-probs recomputed under ``no_grad``: each agent's rows with its own adapter."""
+    """Each agent's rows, in its micro-batches, under its own adapter or (``reference``)
+    under the frozen base; no grad, 0 on padding."""
     out = torch.zeros_like(batch.sample)
     width = out.shape[1]
     with torch.no_grad():
         for agent in dict.fromkeys(batch.agents):
-            for idx in micro_batches(batch.rows(agent), micro_batch):
+            for idx in micro_batches(batch.rows(agent), micro_batch, batch.actions):
                 chunk = [batch.actions[i] for i in idx]
-                lp = action_logprobs(policy, agent, chunk, temperature).logprobs
-                out[idx] = fit_width(lp.detach().float().cpu(), width)
+                lp = action_logprobs(policy, None if reference else agent, chunk, temperature)
+                out[idx] = fit_width(lp.logprobs.detach().float().cpu(), width)
     return out * batch.valid
 
 
-def reference_logprobs(
-    policy: TrainablePolicy,
-    actions: Sequence[Action],
-    width: int,
-    micro_batch: int,
-    temperature: float,
+def behaviour_logprobs(
+    policy: TrainablePolicy, batch: RolloutBatch, micro_batch: int, temperature: float
 ) -> torch.Tensor:
-    """Log-probs of every completion under the frozen reference (adapters off)."""
-    parts = []
-    with torch.no_grad():
-        for i in range(0, len(actions), micro_batch):
-            out = action_logprobs(policy, None, actions[i : i + micro_batch], temperature)
-            parts.append(fit_width(out.logprobs.float().cpu(), width))
-    return torch.cat(parts)
+    """Old log-probs recomputed under ``no_grad``: each agent's rows with its own adapter."""
+    return _recomputed_logprobs(policy, batch, micro_batch, temperature, reference=False)
+
+
+def reference_logprobs(
+    policy: TrainablePolicy, batch: RolloutBatch, micro_batch: int, temperature: float
+) -> torch.Tensor:
+    """Log-probs of every completion under the frozen reference (adapters off), in the same
+    micro-batches as the old log-probs."""
+    return _recomputed_logprobs(policy, batch, micro_batch, temperature, reference=True)
 
 
 def tis_weights(
@@ -314,9 +328,7 @@ def make_experience(
     old = behaviour_logprobs(policy, batch, cfg.micro_batch_size, temperature)
     ref = None
     if beta > 0:
-        ref = reference_logprobs(
-            policy, batch.actions, old.shape[1], cfg.micro_batch_size, temperature
-        )
+        ref = reference_logprobs(policy, batch, cfg.micro_batch_size, temperature)
     est, kl = compute_advantages(batch, old, ref, cfg, beta)
     weights = (
         None if cfg.tis_cap is None else tis_weights(old, batch.sample, batch.valid, cfg.tis_cap)

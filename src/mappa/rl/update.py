@@ -141,7 +141,7 @@ def policy_step(
     width = exp.old.shape[1]
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0}
-    for idx in micro_batches(rows, cfg.micro_batch_size):
+    for idx in micro_batches(rows, cfg.micro_batch_size, exp.actions):
         m = exp.loss_mask[idx]
         if m.sum() == 0:
             continue
