@@ -8,6 +8,7 @@ run that must carry on through them. The real llama.cpp server is used by
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -42,6 +43,7 @@ class FakeOpenAIServer:
         self.default = default
         self.requests: list[dict] = []
         self.logprobs: list[dict] | None = None  # sent with 200 replies when set
+        self.cut_off = 0  # TRICKLE replies the client hung up on before their end
         self.lock = threading.Lock()
         server = self
 
@@ -72,7 +74,8 @@ class FakeOpenAIServer:
                             self.wfile.flush()
                             time.sleep(0.1)
                     except OSError:  # the client gave up and closed the connection
-                        pass
+                        with server.lock:
+                            server.cut_off += 1
                     return
                 if text.startswith("RAW:"):
                     payload = text.removeprefix("RAW:").encode()
@@ -106,6 +109,21 @@ class FakeOpenAIServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+@pytest.fixture()
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The coach's waits between attempts, recorded instead of slept (a fake ``asyncio.sleep``:
+    what is tested is how long the coach decides to wait, not the clock)."""
+    asked: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(delay: float) -> None:
+        asked.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr("mappa.coach.http.asyncio.sleep", fake_sleep)
+    return asked
 
 
 @pytest.fixture()
@@ -159,19 +177,20 @@ def test_ground_truth_only_for_final_agent(server: FakeOpenAIServer) -> None:
     )
 
 
-def test_retries_5xx_429_hang_and_garbage_then_succeeds(server: FakeOpenAIServer) -> None:
+def test_retries_5xx_429_hang_and_garbage_then_succeeds(
+    server: FakeOpenAIServer, sleeps: list[float]
+) -> None:
     server.script = [
         (500, "oops", {}),
-        (429, "slow down", {"Retry-After": "0.2"}),
+        (429, "slow down", {"Retry-After": "2.5"}),
         (200, "HANG", {}),
         (200, "GARBAGE", {}),
         (200, "PROCESS_SCORE: 3", {}),
     ]
-    start = time.monotonic()
     [score] = coach(server.url, max_retries=4).score([ctx()])
     assert score.value == 3.0 and not score.flagged and score.retries == 4
-    assert len(server.requests) == 5
-    assert time.monotonic() - start >= 0.2 + 1.0  # honoured Retry-After, waited out the hang
+    assert len(server.requests) == 5 and len(sleeps) == 4
+    assert sleeps[1] == 2.5 and max(sleeps[0], *sleeps[2:]) < 1.0  # Retry-After honoured
 
 
 def test_bad_format_gets_one_corrective_retry(server: FakeOpenAIServer) -> None:
@@ -340,13 +359,16 @@ def test_out_of_range_is_flagged_not_clamped(server: FakeOpenAIServer) -> None:
     assert (fixed.value, fixed.flagged) == (9.0, False)
 
 
-def test_retry_after_as_an_http_date_is_honoured_and_capped(server: FakeOpenAIServer) -> None:
-    soon = format_datetime(datetime.now(UTC) + timedelta(seconds=2), usegmt=True)
+def test_retry_after_as_an_http_date_is_honoured_and_capped(
+    server: FakeOpenAIServer, sleeps: list[float]
+) -> None:
+    soon = format_datetime(datetime.now(UTC) + timedelta(seconds=20), usegmt=True)
     server.script = [(429, "slow down", {"Retry-After": soon}), (200, "PROCESS_SCORE: 7", {})]
-    start = time.monotonic()
     [score] = coach(server.url).score([ctx()])
-    waited = time.monotonic() - start
-    assert score.value == 7.0 and score.retries == 1 and 0.8 <= waited < 3.0
+    assert score.value == 7.0 and score.retries == 1
+    [waited] = sleeps
+    assert 15 <= waited <= 20  # until that date (a second-resolution date, read a bit later)
+    sleeps.clear()
     # a server asking for an hour (either form) waits only retry_after_cap_s
     later = format_datetime(datetime.now(UTC) + timedelta(hours=1), usegmt=True)
     server.script = [
@@ -354,23 +376,26 @@ def test_retry_after_as_an_http_date_is_honoured_and_capped(server: FakeOpenAISe
         (429, "busy", {"Retry-After": later}),
         (200, "PROCESS_SCORE: 8", {}),
     ]
-    start = time.monotonic()
     [score] = coach(server.url, retry_after_cap_s=0.3).score([ctx()])
-    assert score.value == 8.0 and score.retries == 2 and time.monotonic() - start < 2.0
+    assert score.value == 8.0 and score.retries == 2 and len(sleeps) == 2
+    assert all(0.0 < s <= 0.3 for s in sleeps)
 
 
 def test_a_trickling_server_is_cut_off_by_the_attempt_deadline(server: FakeOpenAIServer) -> None:
     server.script = [(200, "TRICKLE", {}), (200, "TRICKLE", {})]
-    start = time.monotonic()
     [score] = coach(server.url, timeout_s=0.5, max_retries=1).score([ctx()])
-    assert time.monotonic() - start < 3.0  # two 0.5 s budgets, not 10 s of trickle each
     assert (score.flagged, score.flag_reason, score.retries) == (True, "unavailable", 1)
     assert "timeout_s=0.5" in score.rationale
+    for _ in range(100):  # the server sees the hang-up at its next byte (every 0.1 s)
+        if server.cut_off == 2:
+            break
+        time.sleep(0.1)
+    assert server.cut_off == 2  # both cut off by the client, neither trickled to its end
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404])
 def test_client_errors_are_fatal_at_once(
-    server: FakeOpenAIServer, status: int, monkeypatch: pytest.MonkeyPatch
+    server: FakeOpenAIServer, status: int, monkeypatch: pytest.MonkeyPatch, sleeps: list[float]
 ) -> None:
     monkeypatch.setenv("MY_COACH_KEY", "sk-live-0123456789abcdef")
     server.script = [
@@ -378,10 +403,9 @@ def test_client_errors_are_fatal_at_once(
         (200, "HANG", {}),  # in flight alongside: cancelled, not waited for
         (200, "HANG", {}),
     ]
-    start = time.monotonic()
     with pytest.raises(CoachFatalError, match=f"HTTP {status}") as err:
         coach(server.url, api_key_env="MY_COACH_KEY", max_retries=4).score([ctx()] * 3)
-    assert time.monotonic() - start < 0.9 and len(server.requests) <= 3  # no retries
+    assert len(server.requests) <= 3 and sleeps == []  # no retries, no backoff
     assert server.url in str(err.value) and "sk-live" not in str(err.value)
 
 

@@ -272,24 +272,26 @@ def test_workspace_read_bytes_refuses_planted_symlinks(tmp_path: Path) -> None:
 
 
 def test_pool_runs_episodes_in_parallel_and_returns_in_order(tmp_path: Path) -> None:
+    """Each job prints when its first block started and ended (one clock: one kernel); in
+    a pool of 4 the four runs overlap, and the results come back in job order."""
     backend = BwrapBackend() if bwrap_problem() is None else process_backend()
     jobs = [
         Job(
             Workspace(tmp_path / f"e{i}"),
             "agent",
             0,
-            [f"import time\ntime.sleep({0.4 - 0.1 * i})\nprint({i})", f"print({i} * 10)"],
+            [
+                "import time\nt0 = time.time()\ntime.sleep(1.5)\nprint(t0, time.time())",
+                f"print({i} * 10)",
+            ],
         )
         for i in range(4)
     ]
     with SandboxPool(backend, Limits(), size=4) as pool:
-        start = time.monotonic()
         results = pool.run(jobs)
-        elapsed = time.monotonic() - start
-    assert [[r.stdout.strip() for r in rs] for rs in results] == [
-        [str(i), str(i * 10)] for i in range(4)
-    ]
-    assert elapsed < 1.0 + 0.5  # the sleeps (1.0 s in total) overlapped
+    assert [rs[1].stdout.strip() for rs in results] == [str(i * 10) for i in range(4)]
+    spans = [tuple(map(float, rs[0].stdout.split())) for rs in results]
+    assert max(start for start, _ in spans) < min(end for _, end in spans)  # all at once
 
 
 def test_persistent_interpreter_keeps_state_with_same_isolation(
@@ -333,7 +335,7 @@ def test_persistent_interpreter_keeps_state_with_same_isolation(
     assert r4.stdout.strip() == "42"  # an exception does not lose the state
     assert "chars cut" in r5.stdout and len(r5.stdout) < 600
     assert other.stdout.strip() == "False"  # one interpreter per agent
-    assert (r6.status, r6.limit) == ("timeout", "wall_time") and r6.duration_s < 1 + 2
+    assert (r6.status, r6.limit) == ("timeout", "wall_time")
     assert r7.status == "error" and "NameError" in r7.stderr and RESTARTED in r7.observation()
     assert ws.files["notes.txt"].created_by == Author("analyst", 0)
 
