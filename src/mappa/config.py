@@ -235,7 +235,17 @@ class LocalCoachConfig(_Strict):
         description="Model for the coach; null reuses the policy base with adapters disabled "
         "(no extra memory).",
     )
-    batch_size: int = Field(4, ge=1, description="Actions scored in one forward pass.")
+    batch_size: int = Field(
+        64, ge=1, description="Most actions scored in one forward pass (see `batch_tokens`)."
+    )
+    batch_tokens: int = Field(
+        4096,
+        ge=1,
+        description="Most token positions in one forward pass. The prompt prefix all actions "
+        "share is computed once; the rest of each prompt is batched with others of similar "
+        "length while rows x the longest fit. Bounds activation memory; an action longer "
+        "than this is scored alone.",
+    )
 
 
 class CoachCacheConfig(_Strict):

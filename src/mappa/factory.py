@@ -289,13 +289,14 @@ def _coach_backend(
             policies.model,
             policies.tokenizer,
             local.batch_size,
+            local.batch_tokens,
             activate=lambda: policies.use(None),
         )
     else:
         from mappa.models.loading import load_base
 
         model, tokenizer = load_base(local.model_path, cfg.model.dtype, cfg.model.device)
-        dist = ScoreDistributionModel(model, tokenizer, local.batch_size)
+        dist = ScoreDistributionModel(model, tokenizer, local.batch_size, local.batch_tokens)
     return LocalCoach(dist, template)
 
 

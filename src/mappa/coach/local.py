@@ -1,9 +1,10 @@
 """In-process coach: the expected score under the model's distribution over 0-10.
 
-One forward pass per context reads the probability of each score token right after
-``PROCESS_SCORE:``; the expected value is a smooth reward that separates good from bad
-actions even when a small model would not write the format itself (docs/design.md §2). The
-model is injected as a ``ScoreDistribution`` so this module imports no torch.
+The model reads the probability of each score token right after ``PROCESS_SCORE:`` (no
+generation: one batched forward over the contexts, see ``mappa.models.scorer``); the
+expected value is a smooth reward that separates good from bad actions even when a small
+model would not write the format itself (docs/design.md §2). The model is injected as a
+``ScoreDistribution`` so this module imports no torch.
 """
 
 from __future__ import annotations

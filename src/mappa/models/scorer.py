@@ -1,12 +1,19 @@
 """A local model's probability distribution over the scores 0..10 after a prefix.
 
 Digits are read at the position after the prefix, summing the probability of each digit
-with and without a leading space. "10" starts like "1", so one more forward step splits the
-mass of "1" into 1 and 10 by the probability of a following "0".
+with and without a leading space. "10" starts like "1", so the mass of "1" is split into 1
+and 10 by the probability of a following "0".
+
+Every coach prompt of a call starts with the same system text, often half of its tokens. So
+the tokens all prompts share are run once and their KV cache is expanded over each batch;
+only the rest (the suffix) is computed per action, in batches of similar length sized by
+tokens. A guessed "1" token rides along at the end of each suffix, so P("0" | "1") comes out
+of the same forward; only rows whose likelier "1" token is the other one need an extra step.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -23,6 +30,39 @@ def _single_token_ids(tokenizer: Any, text: str) -> list[int]:
     return ids if len(ids) == 1 else []
 
 
+def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix every sequence shares.
+
+    Measured on tokens, not on the rendered text: BPE may merge the last characters the
+    texts share with the first ones that differ, so the tokens of a common text prefix are
+    not always a prefix of every tokenized prompt.
+    """
+    first, n = seqs[0], min(len(s) for s in seqs)
+    for s in seqs[1:]:
+        n = next((i for i in range(n) if s[i] != first[i]), n)
+    return n
+
+
+def token_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Indices grouped into forwards, longest first, so rows of a batch have similar lengths
+    (little left padding). A batch grows while it holds at most ``max_rows`` rows and
+    ``rows x its longest row`` tokens fit ``max_tokens``; a longer row goes alone."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        last = batches[-1] if batches else []
+        if last and len(last) < max_rows and (len(last) + 1) * lengths[last[0]] <= max_tokens:
+            last.append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def split_ten(digit: torch.Tensor, p_zero: torch.Tensor) -> torch.Tensor:
+    """P(0..10) from P(digit 0..9) ``[B, 10]`` and P("0" after the likelier "1") ``[B]``."""
+    p10 = digit[:, 1] * p_zero
+    return torch.cat([digit[:, :1], (digit[:, 1] - p10)[:, None], digit[:, 2:], p10[:, None]], 1)
+
+
 class ScoreDistributionModel:
     """Implements ``mappa.coach.local.ScoreDistribution`` with a causal LM."""
 
@@ -30,12 +70,14 @@ class ScoreDistributionModel:
         self,
         model: Any,
         tokenizer: Any,
-        batch_size: int = 4,
+        batch_size: int = 64,
+        batch_tokens: int = 4096,
         activate: Callable[[], AbstractContextManager[Any]] = nullcontext,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.batch_tokens = batch_tokens
         self.activate = activate  # e.g. "adapters off" when the coach shares the policy base
         self.digit_ids = [
             _single_token_ids(tokenizer, str(d)) + _single_token_ids(tokenizer, f" {d}")
@@ -44,29 +86,51 @@ class ScoreDistributionModel:
         if not all(self.digit_ids):
             raise ValueError("tokenizer has no single-token digits; cannot read a score")
         self.zero_ids = self.digit_ids[0]
+        # The "1" appended to every suffix: " 1" where it is one token (after "SCORE:" a
+        # model writes a space), else the bare "1", then the only candidate and never wrong.
+        self.one_guess = self.digit_ids[1][-1]
         self.device = next(model.parameters()).device
 
-    def _score_probs(self, seqs: list[list[int]]) -> torch.Tensor:
-        """P(0..10) per sequence: one pass over the prompts, one cached step for "10"."""
-        ids, mask, pos = left_pad(seqs, self.tokenizer.pad_token_id, self.device)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-        probs = F.softmax(out.logits[:, -1, :].float(), dim=-1)
-        digit = torch.stack([probs[:, i].sum(-1) for i in self.digit_ids], dim=1)
-        # Split P("1") into 1 and 10 by P("0" | prefix + the likelier "1" token).
-        one = torch.tensor(self.digit_ids[1], device=probs.device)
-        best_one = one[probs[:, one].argmax(-1)]
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-        after = self.model(
-            input_ids=best_one[:, None],
-            attention_mask=mask,
-            position_ids=pos[:, -1:] + 1,
-            cache=out.cache,
-            use_cache=True,
+    def _batch(self, suffixes: list[list[int]], prefix_cache: Any, shared: int) -> torch.Tensor:
+        """P(0..10) for prompts ``shared prefix + suffix``, the prefix's cache given."""
+        ids, mask, pos = left_pad(
+            [s + [self.one_guess] for s in suffixes], self.tokenizer.pad_token_id, self.device
         )
-        p_zero = F.softmax(after.logits[:, -1, :].float(), dim=-1)[:, self.zero_ids].sum(-1)
-        p10 = digit[:, 1] * p_zero
-        digit[:, 1] = digit[:, 1] - p10
-        return torch.cat([digit, p10[:, None]], dim=1).cpu()
+        cache = None
+        if prefix_cache is not None:
+            cache = copy.deepcopy(prefix_cache)
+            cache.batch_repeat_interleave(len(suffixes))
+            mask = torch.cat([torch.ones_like(mask[:, :1]).expand(-1, shared), mask], dim=1)
+            pos = pos + shared
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=2,
+        )
+        probs = F.softmax(out.logits[:, 0].float(), dim=-1)
+        digit = torch.stack([probs[:, i].sum(-1) for i in self.digit_ids], dim=1)
+        p_zero = F.softmax(out.logits[:, 1].float(), dim=-1)[:, self.zero_ids].sum(-1)
+        # Rows whose likelier "1" is not the guess: one step with it in the guess's place
+        # (same position; the guess is masked out of what it sees).
+        ones = torch.tensor(self.digit_ids[1], device=probs.device)
+        best = ones[probs[:, ones].argmax(-1)]
+        redo = (best != self.one_guess).nonzero().flatten()
+        if len(redo):
+            out.cache.batch_select_indices(redo)
+            step_mask = torch.cat([mask[redo, :-1], torch.zeros_like(mask[redo, -1:])], dim=1)
+            step_mask = torch.cat([step_mask, torch.ones_like(step_mask[:, :1])], dim=1)
+            after = self.model(
+                input_ids=best[redo, None],
+                attention_mask=step_mask,
+                position_ids=pos[redo, -1:],
+                cache=out.cache,
+                use_cache=True,
+            )
+            p_zero[redo] = F.softmax(after.logits[:, -1].float(), dim=-1)[:, self.zero_ids].sum(-1)
+        return split_ten(digit, p_zero).cpu()
 
     @torch.no_grad()
     def __call__(
@@ -78,8 +142,21 @@ class ScoreDistributionModel:
             for c in conversations
         ]
         seqs = [list(self.tokenizer.encode(p, add_special_tokens=False)) for p in prompts]
-        result: list[list[float]] = []
+        if not seqs:
+            return []
+        # Every suffix keeps its last token: the score is read at that token's output.
+        shared = min(common_prefix_len(seqs), min(len(s) for s in seqs) - 1)
+        result: list[list[float]] = [[] for _ in seqs]
         with self.activate():
-            for i in tqdm(range(0, len(seqs), self.batch_size), desc="coach", leave=False):
-                result.extend(self._score_probs(seqs[i : i + self.batch_size]).tolist())
+            prefix_cache = None
+            if shared:
+                head = torch.tensor([seqs[0][:shared]], device=self.device)
+                prefix_cache = self.model(input_ids=head, use_cache=True, logits_to_keep=1).cache
+            batches = token_batches(
+                [len(s) - shared + 1 for s in seqs], self.batch_size, self.batch_tokens
+            )
+            for rows in tqdm(batches, desc="coach", leave=False):
+                probs = self._batch([seqs[i][shared:] for i in rows], prefix_cache, shared)
+                for i, p in zip(rows, probs.tolist(), strict=True):
+                    result[i] = p
         return result
