@@ -9,6 +9,7 @@ distribution it was drawn from (temperature only; no hidden top-k/top-p warpers)
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -107,6 +108,26 @@ def token_logprobs(
     logp = torch.cat(logps) if logps else empty
     entropy = (torch.cat(entropies) if entropies else empty) if with_entropy else None
     return logp, entropy
+
+
+@functools.cache
+def _cache_name() -> str:
+    """The KV cache's name in a forward's arguments and outputs: ``cache`` in newer
+    transformers (5.24), ``past_key_values`` in older ones (5.19, which the vllm extra pins)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    fields = CausalLMOutputWithPast.__dataclass_fields__
+    return "cache" if "cache" in fields else "past_key_values"
+
+
+def kv_cache(out: Any) -> Any:
+    """The KV cache a forward with ``use_cache=True`` returned (any transformers 5)."""
+    return getattr(out, _cache_name())
+
+
+def with_cache(cache: Any) -> dict[str, Any]:
+    """``cache`` as a forward's keyword argument: ``model(..., **with_cache(cache))``."""
+    return {_cache_name(): cache}
 
 
 def _final_logit_softcap(model: Any) -> float | None:
@@ -271,7 +292,7 @@ class AgentPolicies:
                 break
             if not bool(going.all()):
                 keep = going.nonzero().squeeze(-1)
-                out.cache.batch_select_indices(keep)
+                kv_cache(out).batch_select_indices(keep)
                 live = [live[r] for r in keep.tolist()]
                 tok, mask, next_pos = tok[keep], mask[keep], next_pos[keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
@@ -279,7 +300,7 @@ class AgentPolicies:
                 input_ids=tok[:, None],
                 attention_mask=mask,
                 position_ids=next_pos,
-                cache=out.cache,
+                **with_cache(kv_cache(out)),
                 use_cache=True,
                 logits_to_keep=1,
             )

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from mappa.models.policies import left_pad
+from mappa.models.policies import kv_cache, left_pad, with_cache
 
 
 def _single_token_ids(tokenizer: Any, text: str) -> list[int]:
@@ -106,7 +106,7 @@ class ScoreDistributionModel:
             input_ids=ids,
             attention_mask=mask,
             position_ids=pos,
-            cache=cache,
+            **with_cache(cache),
             use_cache=True,
             logits_to_keep=2,
         )
@@ -119,14 +119,14 @@ class ScoreDistributionModel:
         best = ones[probs[:, ones].argmax(-1)]
         redo = (best != self.one_guess).nonzero().flatten()
         if len(redo):
-            out.cache.batch_select_indices(redo)
+            kv_cache(out).batch_select_indices(redo)
             step_mask = torch.cat([mask[redo, :-1], torch.zeros_like(mask[redo, -1:])], dim=1)
             step_mask = torch.cat([step_mask, torch.ones_like(step_mask[:, :1])], dim=1)
             after = self.model(
                 input_ids=best[redo, None],
                 attention_mask=step_mask,
                 position_ids=pos[redo, -1:],
-                cache=out.cache,
+                **with_cache(kv_cache(out)),
                 use_cache=True,
             )
             p_zero[redo] = F.softmax(after.logits[:, -1].float(), dim=-1)[:, self.zero_ids].sum(-1)
@@ -151,7 +151,8 @@ class ScoreDistributionModel:
             prefix_cache = None
             if shared:
                 head = torch.tensor([seqs[0][:shared]], device=self.device)
-                prefix_cache = self.model(input_ids=head, use_cache=True, logits_to_keep=1).cache
+                head_out = self.model(input_ids=head, use_cache=True, logits_to_keep=1)
+                prefix_cache = kv_cache(head_out)
             batches = token_batches(
                 [len(s) - shared + 1 for s in seqs], self.batch_size, self.batch_tokens
             )
