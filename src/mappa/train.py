@@ -107,9 +107,12 @@ def train(
     coach_guard = FallbackGuard(cfg.coach.max_fallback_steps)  # stops a run the coach fails
     guard = NonFiniteGuard(names, cfg.train.max_nonfinite_steps)
     state = TrainState(policies, optimizers, kl_ctl, batches, guard, coach_guard)
-    runner = factory.make_runner(cfg, policies, run_dir / "workspaces")
+    engine = factory.make_engine(cfg, policies)
+    runner = factory.make_runner(cfg, engine, policies.tokenizer, run_dir / "workspaces")
     try:
         start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last
+        if start:
+            engine.sync(policies, start)  # the restored adapters
         saved = start if resume is not None else -1
         for step in tqdm(range(start, cfg.train.steps), desc="train", unit="step"):
             rollout = runner.run(RolloutInput(next(batches), step, "train"))
@@ -151,6 +154,7 @@ def train(
                     temperature=cfg.rollout.temperature,
                 )
             )
+            engine.sync(policies, step + 1)  # the next rollout samples the new adapters
             checkpoint.pause_point("update", step)
             metrics.update(
                 rollout_tokens_per_s=rollout.generated_tokens / max(rollout.wall_s, 1e-9),
@@ -175,6 +179,7 @@ def train(
         raise
     finally:
         runner.close()
+        engine.close()
     if saved != max(start, cfg.train.steps):
         checkpoint.save_checkpoint(run_dir, max(start, cfg.train.steps), state)
     log.info("adapters saved under %s", run_dir / "adapters")

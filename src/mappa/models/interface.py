@@ -1,14 +1,18 @@
 """The whole rollout <-> trainer contract with the models, free of torch imports.
 
 The workflow runner needs only ``SamplingPolicy``; the RL update needs only
-``TrainablePolicy``; ``mappa.models.policies.AgentPolicies`` implements both. Tests above
-these interfaces may use fakes; everything else uses the real thing.
+``TrainablePolicy``; ``mappa.models.policies.AgentPolicies`` implements both. A
+``RolloutEngine`` is the sampler the trainer hands the runner: the trained model itself
+(``rollout.engine: hf``) or a separate engine (vLLM) that ``sync`` gives the new adapters
+after every update. Tests above these interfaces may use fakes; everything else uses the
+real thing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -63,3 +67,23 @@ class TrainablePolicy(Protocol):
         temperature: float = 1.0,
         with_entropy: bool = False,
     ) -> TokenLogprobs: ...
+
+
+class AdapterSource(Protocol):
+    """Where an engine gets the agents' current weights: the trainer's policies."""
+
+    def save(self, directory: Path) -> dict[str, Path]:
+        """Write each agent's adapter (standard PEFT layout) under ``directory/<agent>``."""
+        ...
+
+
+class RolloutEngine(SamplingPolicy, Protocol):
+    """The sampler of the rollout. ``sync`` is called after every update (and once before the
+    first rollout) so that the next ``generate`` samples from the weights just trained; an
+    engine that samples from the trained modules themselves has nothing to do there."""
+
+    name: str
+
+    def sync(self, source: AdapterSource, step: int) -> None: ...
+
+    def close(self) -> None: ...
