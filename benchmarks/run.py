@@ -1,0 +1,471 @@
+"""Every speed and memory figure of the project in one table (``make bench``).
+
+Each figure is a ratio of two things measured side by side in the same run, so the noise of
+a shared machine moves both. Each measurement runs in its own subprocess (clean peak RSS,
+no state carried over) and prints one JSON line; this script gathers them:
+
+- P1: peak RSS of the trainer's work (sample 8 completions, one update) with 3 agents vs 1;
+- P2: pipeline rollout tokens/s (the demo's three agents, sandbox and grading included) vs
+  the same engine's raw batched generation at the same batch, prompt and completion lengths;
+- P3: update tokens/s (old and reference log-probs, loss, backward, Adam) against TRL's
+  GRPOTrainer on the same model, LoRA, prompt and batch (``trl_update.py``, in a throwaway
+  venv with TRL that this script makes under ~/.cache/mappa; TRL is no mappa dependency);
+- P4: local coach actions/s, batched against one action at a time (``coach_local.py``);
+  HTTP coach actions/s at 8 concurrent requests vs 1 (``coach.py``, needs the coach-server
+  extra);
+- P5: one sandboxed execution of ``print(1)`` (bwrap, else process) vs a bare ``python -c``;
+- demo step: per-phase seconds of a demo step at a baseline commit vs the working tree,
+  same config (``--baseline``; each runs ``mappa train`` from its own source tree).
+
+Run it alone; any other CPU job on a 2-core machine distorts every figure.
+
+    .venv/bin/python benchmarks/run.py [--only P1,P2,P3,P5,demo] [--baseline b30a0bf] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_OVERRIDES = ["train.prompts_per_step=4", "train.samples_per_prompt=2"]
+"""Both commits' demo configs with the 8 episodes a step the speed issue measured."""
+
+
+TASK = "A shop sells 17 apples in the morning and 25 in the afternoon. How many in all?"
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _demo_config(*overrides: str) -> Any:
+    from mappa.cli import default_config
+    from mappa.config import load_config
+
+    return load_config(default_config(), [*DEMO_OVERRIDES, *overrides])
+
+
+# --------------------------------------------------------------------------- P1
+def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
+    """Peak RSS after loading the demo model with ``agents`` adapters, sampling 8
+    completions with each and one optimizer step per agent (the same work per agent: no
+    stop token, so each samples exactly ``max_new_tokens``)."""
+    import torch
+
+    from mappa.models.loading import load_base
+    from mappa.models.policies import AgentPolicies
+    from mappa.workflow.chat import ChatFormat
+
+    cfg = _demo_config()
+    base, tok = load_base(cfg.model.path, cfg.model.dtype, cfg.model.device)
+    names = [a.name for a in cfg.agents][:agents]
+    policies = AgentPolicies(base, tok, names, cfg.model.lora, base_name=cfg.model.path)
+    loaded = _peak_mib()
+    torch.manual_seed(0)
+    agent = cfg.agents[0]
+    prompt = ChatFormat(tok).first_prompt(agent.role, agent.input_template.format(task=TASK))
+    new_tokens = 16 if quick else cfg.rollout.max_new_tokens
+    policies.stop_ids = set()  # every agent samples exactly new_tokens: the same work each
+    for name in names:
+        optimizer = torch.optim.Adam(policies.adapter_parameters(name), lr=cfg.rl.lr)
+        samples = policies.generate(name, [prompt] * 8, new_tokens, cfg.rollout.temperature)
+        lp = policies.completion_logprobs(
+            name, [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
+        ).logprobs
+        (-lp.sum()).backward()
+        optimizer.step()
+    return {"agents": agents, "loaded_mib": loaded, "peak_mib": _peak_mib()}
+
+
+# --------------------------------------------------------------------------- P2
+def measure_rollout(quick: bool) -> dict[str, Any]:
+    """One demo rollout step (the configured engine), then the engine's raw batched
+    generation of the same number of tokens at the rollout's batch size and mean lengths."""
+    import torch
+
+    from mappa import factory
+    from mappa.evaluation import training_tasks
+    from mappa.models.interface import Sample
+    from mappa.workflow.interface import RolloutInput
+
+    overrides = ["rollout.max_new_tokens=24"] if quick else []
+    with tempfile.TemporaryDirectory(prefix="mappa-bench-") as tmp:
+        cfg = _demo_config(f"run_dir={tmp}/run", *overrides)
+        policies = factory.load_policies(cfg)
+        engine = factory.make_engine(cfg, policies)
+        runner = factory.make_runner(cfg, engine, policies.tokenizer, Path(tmp) / "ws")
+        tasks = training_tasks(cfg)
+        per_step = cfg.train.prompts_per_step
+        batch = [t for t in tasks[:per_step] for _ in range(cfg.train.samples_per_prompt)]
+        torch.manual_seed(cfg.seed)
+        try:
+            runner.run(RolloutInput(batch[:2], 0, "train"))  # warm-up: first-call costs
+            out = runner.run(RolloutInput(batch, 1, "train"))
+        finally:
+            runner.close()
+        actions = [a for e in out.episodes for a in e.actions]
+        prompt_len = round(mean(len(a.prompt_ids) for a in actions))
+        new_len = max(1, round(mean(len(a.completion_ids) for a in actions)))
+        bs = cfg.rollout.batch_size
+        # Raw: the engine's own batched sampling with no stop token, so every row makes
+        # exactly ``new_len`` tokens; as many rows as the rollout made tokens, in batches.
+        rows = max(bs, round(out.generated_tokens / new_len / bs) * bs)
+        gen = torch.Generator().manual_seed(0)
+        vocab = len(policies.tokenizer)
+        prompts = [torch.randint(100, vocab, (prompt_len,), generator=gen).tolist()] * rows
+        stop = policies.stop_ids
+        policies.stop_ids = set()
+        try:
+            start = time.perf_counter()
+            samples: list[Sample] = engine.generate(
+                cfg.agents[0].name, prompts, new_len, cfg.rollout.temperature, bs
+            )
+            raw_s = time.perf_counter() - start
+        finally:
+            policies.stop_ids = stop
+        engine.close()
+    raw_tokens = sum(len(s.completion_ids) for s in samples)
+    return {
+        "engine": cfg.rollout.engine,
+        "episodes": len(batch),
+        "pipeline_tokens": out.generated_tokens,
+        "pipeline_s": out.wall_s,
+        "pipeline_tok_s": out.generated_tokens / out.wall_s,
+        "raw_tokens": raw_tokens,
+        "raw_s": raw_s,
+        "raw_tok_s": raw_tokens / raw_s,
+        "batch": bs,
+        "prompt_len": prompt_len,
+        "new_len": new_len,
+    }
+
+
+# --------------------------------------------------------------------------- P3
+def _update_spec(quick: bool) -> dict[str, Any]:
+    """The batch both trainers update on: the demo's first agent's prompt, its model, LoRA,
+    sampling and batch; ``steps`` updates (the first is a warm-up)."""
+    from mappa.models.loading import resolve_model_path
+
+    cfg = _demo_config()
+    agent = cfg.agents[0]
+    lora = cfg.model.lora
+    return {
+        "model_dir": resolve_model_path(cfg.model.path),
+        "conversation": [
+            {"role": "system", "content": agent.role},
+            {"role": "user", "content": agent.input_template.format(task=TASK)},
+        ],
+        "prompts_per_step": cfg.train.prompts_per_step,
+        "samples_per_prompt": cfg.train.samples_per_prompt,
+        "max_new_tokens": 24 if quick else cfg.rollout.max_new_tokens,
+        "temperature": cfg.rollout.temperature,
+        "lr": cfg.rl.lr,
+        "kl_beta": cfg.rl.kl_beta,
+        "lora_r": lora.r,
+        "lora_alpha": lora.alpha,
+        "target_modules": list(lora.target_modules),
+        "steps": 2 if quick else 4,
+    }
+
+
+def measure_update(quick: bool) -> dict[str, Any]:
+    """mappa's update (``rl.update.update_agents``: old and reference log-probs, whitened
+    advantages, the clipped loss and one Adam step) on the P3 batch, every action the first
+    agent's, scored at random; tokens are completion tokens trained."""
+    import random
+
+    import torch
+
+    from mappa import factory
+    from mappa.rl.kl import KLController
+    from mappa.rl.update import update_agents
+    from mappa.workflow.chat import ChatFormat
+    from mappa.workflow.records import Action, Episode, Score
+
+    spec = _update_spec(quick)
+    cfg = _demo_config("rl.mask_truncated=false")  # TRL trains truncated completions too
+    policies = factory.load_policies(cfg)
+    params, optimizers = factory.make_optimizers(cfg, policies)
+    kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
+    system, user = spec["conversation"]
+    prompt = ChatFormat(policies.tokenizer).first_prompt(system["content"], user["content"])
+    name = cfg.agents[0].name
+    rng = random.Random(0)
+    torch.manual_seed(0)
+    times, tokens = [], []
+    for step in range(spec["steps"]):
+        batch = spec["prompts_per_step"] * spec["samples_per_prompt"]
+        samples = policies.generate(
+            name, [prompt] * batch, spec["max_new_tokens"], spec["temperature"]
+        )
+        episodes = []
+        for i, s in enumerate(samples):
+            ep = Episode(f"e{i}", f"t{i // spec['samples_per_prompt']}", "task", "1", step=step)
+            ep.actions = [
+                Action(
+                    ep.episode_id,
+                    name,
+                    0,
+                    s.prompt_ids,
+                    s.completion_ids,
+                    s.logprobs,
+                    "",
+                    "",
+                    s.truncated,
+                    coach=Score(10 * rng.random()),
+                )
+            ]
+            episodes.append(ep)
+        start = time.perf_counter()
+        update_agents(
+            policies,
+            episodes,
+            [name],
+            optimizers,
+            params,
+            cfg.rl,
+            kl_ctl,
+            exclude_flagged=True,
+            temperature=spec["temperature"],
+        )
+        times.append(time.perf_counter() - start)
+        tokens.append(sum(len(s.completion_ids) for s in samples))
+    return {
+        "steps": len(times) - 1,
+        "update_s": mean(times[1:]),
+        "tokens": mean(tokens[1:]),
+        "tok_s": sum(tokens[1:]) / sum(times[1:]),
+    }
+
+
+TRL_VENV = Path.home() / ".cache" / "mappa" / "bench-trl-venv"
+TRL_PINS = ["trl==1.16.0", "peft==0.21.2", "transformers==5.24.0"]
+
+
+def measure_trl(quick: bool) -> dict[str, Any]:
+    """TRL's side of P3 in its own venv (made once: torch pinned first, then TRL)."""
+    python = TRL_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
+        pip = [str(python), "-m", "pip", "install", "-q"]
+        subprocess.run([*pip, "torch==2.13.0"], check=True)  # never an unpinned torch
+        subprocess.run([*pip, *TRL_PINS], check=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as spec:
+        spec.write(json.dumps(_update_spec(quick)))
+        spec.flush()
+        proc = subprocess.run(
+            [str(python), str(ROOT / "benchmarks" / "trl_update.py"), spec.name],
+            capture_output=True,
+            text=True,
+        )
+    if proc.returncode != 0:
+        raise RuntimeError(f"TRL benchmark failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+# --------------------------------------------------------------------------- P5
+def measure_sandbox(quick: bool) -> dict[str, Any]:
+    """Mean wall time of a bare ``python -c pass`` start vs one sandboxed ``print(1)``."""
+    import warnings
+
+    from mappa.sandbox import Limits, SandboxIsolationWarning, make_backend
+
+    n = 5 if quick else 30
+    warnings.simplefilter("ignore", SandboxIsolationWarning)
+    backend = make_backend("auto")
+    with tempfile.TemporaryDirectory(prefix="mappa-bench-") as tmp:
+        backend.execute("print(1)", Path(tmp), Limits())  # warm the probes and page cache
+        start = time.perf_counter()
+        for _ in range(n):
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+        bare = (time.perf_counter() - start) / n
+        start = time.perf_counter()
+        for _ in range(n):
+            assert backend.execute("print(1)", Path(tmp), Limits()).status == "ok"
+        boxed = (time.perf_counter() - start) / n
+    return {"backend": backend.name, "bare_s": bare, "sandbox_s": boxed}
+
+
+# --------------------------------------------------------------------------- demo step
+def measure_demo(rev: str | None, steps: int) -> dict[str, Any]:
+    """Mean per-phase seconds of ``steps`` demo steps (metrics.jsonl), from the source tree
+    of ``rev`` (a git worktree) or of the working tree (``None``), with the coach's score cache
+    off so that every step asks the coach."""
+    with tempfile.TemporaryDirectory(prefix="mappa-bench-") as tmp:
+        src = ROOT
+        if rev is not None:
+            src = Path(tmp) / "tree"
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(src), rev],
+                check=True,
+                capture_output=True,
+            )
+        env = {**os.environ, "PYTHONPATH": str(src / "src")}
+        run_dir = Path(tmp) / "run"
+        cmd = [
+            sys.executable,
+            "-m",
+            "mappa.cli",
+            "train",
+            *DEMO_OVERRIDES,
+            f"train.steps={steps}",
+            f"run_dir={run_dir}",
+            "coach.cache.mode=off",
+        ]
+        try:
+            proc = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"demo at {rev or 'HEAD'} failed:\n{proc.stderr[-3000:]}")
+            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+        finally:
+            if rev is not None:
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(src)],
+                    capture_output=True,
+                )
+    phases = ("rollout_s", "coach_s", "update_s")
+    out: dict[str, Any] = {k: mean(r[k] for r in rows) for k in phases}
+    out["step_s"] = sum(out[k] for k in phases)
+    out["rev"] = rev or "working tree"
+    return out
+
+
+# --------------------------------------------------------------------------- driver
+def _child(args: list[str], timeout: float = 3600) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter; its last stdout line is its JSON."""
+    proc = subprocess.run(
+        [sys.executable, __file__, "--measure", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{args}: {proc.stderr[-2000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _row(name: str, what: str, a: str, b: str, ratio: float | None, target: str) -> str:
+    shown = "-" if ratio is None else f"{ratio:.2f}x"
+    return f"| {name} | {what} | {a} | {b} | {shown} | {target} |"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="P1,P2,P3,P4,P5,demo", help="comma-separated figures")
+    ap.add_argument("--baseline", default="b30a0bf", help="commit the demo step is compared to")
+    ap.add_argument("--demo-steps", type=int, default=2, help="demo steps timed per commit")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness only")
+    ap.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.measure:
+        kind, *rest = args.measure
+        result: dict[str, Any]
+        if kind == "memory":
+            result = measure_memory(int(rest[0]), args.quick)
+        elif kind == "rollout":
+            result = measure_rollout(args.quick)
+        elif kind == "update":
+            result = measure_update(args.quick)
+        elif kind == "trl":
+            result = measure_trl(args.quick)
+        elif kind == "sandbox":
+            result = measure_sandbox(args.quick)
+        else:
+            result = measure_demo(None if rest[0] == "-" else rest[0], int(rest[1]))
+        print(json.dumps(result))
+        return
+
+    only = set(args.only.split(","))
+    quick = ["--quick"] if args.quick else []
+    rows = ["| | figure | measured | against | ratio | target |", "|---|---|---|---|---|---|"]
+    raw: dict[str, Any] = {}
+    if "P1" in only:
+        one, three = (_child(["memory", str(n), *quick]) for n in (1, 3))
+        raw["P1"] = [one, three]
+        rows.append(
+            _row(
+                "P1",
+                "peak RSS, 3 agents vs 1 (MiB)",
+                f"{three['peak_mib']:.0f}",
+                f"{one['peak_mib']:.0f}",
+                three["peak_mib"] / one["peak_mib"],
+                "<= 1.3x",
+            )
+        )
+    if "P2" in only:
+        r = raw["P2"] = _child(["rollout", *quick])
+        rows.append(
+            _row(
+                "P2",
+                f"{r['engine']} pipeline vs raw generate, tok/s (batch {r['batch']}, prompt "
+                f"{r['prompt_len']}, {r['new_len']} new)",
+                f"{r['pipeline_tok_s']:.1f}",
+                f"{r['raw_tok_s']:.1f}",
+                r["pipeline_tok_s"] / r["raw_tok_s"],
+                ">= 0.8x",
+            )
+        )
+    if "P4" in only:
+        rows.append(
+            _row("P4", "coach: see benchmarks/coach_local.py and coach.py", "", "", None, "")
+        )
+    if "P3" in only:
+        ours, trl = _child(["update", *quick]), _child(["trl", *quick])
+        raw["P3"] = [ours, trl]
+        rows.append(
+            _row(
+                "P3",
+                f"update tok/s vs TRL GRPOTrainer (~{ours['tokens']:.0f} completion tokens a "
+                "batch)",
+                f"{ours['tok_s']:.1f}",
+                f"{trl['tok_s']:.1f}",
+                ours["tok_s"] / trl["tok_s"],
+                ">= 1.5x",
+            )
+        )
+    if "P5" in only:
+        s = raw["P5"] = _child(["sandbox", *quick])
+        rows.append(
+            _row(
+                "P5",
+                f"{s['backend']} print(1) vs bare `python -c pass` (ms)",
+                f"{1000 * s['sandbox_s']:.0f}",
+                f"{1000 * s['bare_s']:.0f}",
+                s["sandbox_s"] / s["bare_s"],
+                "",
+            )
+        )
+    if "demo" in only:
+        steps = "1" if args.quick else str(args.demo_steps)
+        old = _child(["demo", args.baseline, steps])
+        new = _child(["demo", "-", steps])
+        raw["demo"] = [old, new]
+        for key in ("rollout_s", "coach_s", "update_s", "step_s"):
+            rows.append(
+                _row(
+                    "demo",
+                    f"{key}, now vs {args.baseline} (s; ratio = speedup)",
+                    f"{new[key]:.1f}",
+                    f"{old[key]:.1f}",
+                    old[key] / new[key],
+                    ">= 2.5x" if key == "step_s" else "",
+                )
+            )
+    print("\n".join(rows))
+    print(f"\nload average at the end: {os.getloadavg()}; {os.cpu_count()} CPUs")
+    print(json.dumps(raw), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
