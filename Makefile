@@ -6,6 +6,7 @@
 #               and vLLM's CPU build (make install-vllm), so the vLLM engine is tested too
 #   make lint   ruff (lint and format) and mypy, as CI runs them
 #   make docs   regenerate docs/config.md from the field descriptions in config.py
+#   make bench  the speed and memory table (benchmarks/run.py; run it alone, ~30 minutes)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -13,7 +14,7 @@ DEPS   := pyproject.toml requirements-models.txt Makefile
 # Extra arguments for `mappa train` in `make demo`, e.g. ARGS="train.steps=1".
 ARGS   ?=
 
-.PHONY: install install-dev install-coach-server install-vllm demo test test-unit lint docs clean-venv
+.PHONY: install install-dev install-coach-server install-vllm demo test test-unit lint docs bench clean-venv
 
 install: $(VENV)/.mappa-installed
 install-dev: $(VENV)/.mappa-dev
@@ -66,6 +67,9 @@ lint: install-dev
 
 docs: install
 	$(BIN)/python -c "from mappa.config import reference_markdown; print(reference_markdown())" > docs/config.md
+
+bench: install
+	$(BIN)/python benchmarks/run.py $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
