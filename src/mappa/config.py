@@ -56,6 +56,13 @@ class ModelConfig(_Strict):
     )
     device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:1`, ...")
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Keep only each decoder layer's input in the update's forward pass and "
+        "recompute the rest in the backward pass: activation memory falls from all layers' "
+        "to about one layer's, for about one more forward pass of time. For long sequences "
+        "or bigger models; sampling and the no-grad passes are unaffected.",
+    )
 
 
 class VllmConfig(_Strict):

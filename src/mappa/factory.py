@@ -255,7 +255,15 @@ def load_policies(cfg: RunConfig, adapters_dir: Path | None = None) -> AgentPoli
 
     base, tokenizer = load_base(cfg.model.path, cfg.model.dtype, cfg.model.device)
     names = [a.name for a in cfg.agents]
-    return AgentPolicies(base, tokenizer, names, cfg.model.lora, adapters_dir, cfg.model.path)
+    return AgentPolicies(
+        base,
+        tokenizer,
+        names,
+        cfg.model.lora,
+        adapters_dir,
+        cfg.model.path,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+    )
 
 
 def make_coach(cfg: RunConfig, policies: AgentPolicies | None) -> CoachBackend:

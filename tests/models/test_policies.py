@@ -195,3 +195,50 @@ def test_finished_rows_leave_the_batch_without_changing_any_sample(
             torch.tensor(b.logprobs), torch.tensor(a.logprobs[: len(e)]), atol=1e-5, rtol=0
         )
     assert batch_rows[0] == 3 and batch_rows[-1] < 3  # the finished row left the batch
+
+
+def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(
+    tiny_model_dir: Path,
+) -> None:
+    """Same log-probs and adapter gradients with and without checkpointing; with it, each
+    layer's attention runs again in the backward pass (its activations were not kept), and
+    the no-grad passes (sampling) never recompute."""
+
+    def build(checkpointing: bool) -> AgentPolicies:
+        base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
+        torch.manual_seed(0)  # the same LoRA A initialisation in both
+        pol = AgentPolicies(
+            base, tok, ["solver"], LoraConfig(), gradient_checkpointing=checkpointing
+        )
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, p in pol.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+        return pol
+
+    prompts, completions = _prompts_and_completions(len(build(False).tokenizer))
+    results = []
+    for checkpointing in (False, True):
+        pol = build(checkpointing)
+        attention_calls: list[int] = []
+        attn = pol.model.get_base_model().model.layers[0].self_attn
+        handle = attn.register_forward_hook(lambda *_, calls=attention_calls: calls.append(1))
+        try:
+            torch.manual_seed(0)
+            pol.generate("solver", prompts, 3)
+            sampling_calls = len(attention_calls)
+            lp = pol.completion_logprobs("solver", prompts, completions, 0.7).logprobs
+            forward_calls = len(attention_calls)
+            lp.sum().backward()
+        finally:
+            handle.remove()
+        grads = [p.grad.clone() for p in pol.adapter_parameters("solver") if p.grad is not None]
+        assert grads and any(bool(g.abs().sum() > 0) for g in grads)
+        results.append((lp.detach(), grads, sampling_calls, len(attention_calls) - forward_calls))
+    (lp_plain, g_plain, samp_plain, back_plain), (lp_ckpt, g_ckpt, samp_ckpt, back_ckpt) = results
+    torch.testing.assert_close(lp_ckpt, lp_plain)
+    for a, b in zip(g_ckpt, g_plain, strict=True):
+        torch.testing.assert_close(a, b)
+    assert (back_plain, back_ckpt) == (0, 1)  # recomputed once in the backward pass
+    assert samp_ckpt == samp_plain  # sampling is as before

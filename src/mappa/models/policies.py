@@ -130,6 +130,26 @@ def with_cache(cache: Any) -> dict[str, Any]:
     return {_cache_name(): cache}
 
 
+def _checkpoint_layers(model: Any) -> None:
+    """Turn on transformers' per-layer activation checkpointing (non-reentrant: no input
+    needs ``requires_grad``) while the model stays in eval mode.
+
+    transformers checkpoints a layer only when the layer's own ``training`` flag is set;
+    ``.train()`` would also switch on every dropout below it (attention, LoRA), changing the
+    very log-probs being trained. So only the layers' own flags are set: their children stay
+    in eval mode, and with grad disabled (sampling, old and reference log-probs) a layer runs
+    as it always does.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no checkpointable layers")
+    for layer in layers:
+        layer.training = True  # this module only: not .train(), which recurses
+
+
 def _final_logit_softcap(model: Any) -> float | None:
     cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
     return float(cap) if cap else None
@@ -154,6 +174,8 @@ class AgentPolicies:
         agents: agent names; each gets its own adapter named after it.
         lora: adapter hyper-parameters.
         adapters_dir: if given, load each agent's saved adapter from ``adapters_dir/<agent>``.
+        gradient_checkpointing: recompute each decoder layer in the backward pass instead of
+            keeping its activations (``model.gradient_checkpointing``).
     """
 
     def __init__(
@@ -164,6 +186,8 @@ class AgentPolicies:
         lora: LoraSettings,
         adapters_dir: Path | None = None,
         base_name: str | None = None,
+        *,
+        gradient_checkpointing: bool = False,
     ) -> None:
         from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -193,6 +217,8 @@ class AgentPolicies:
             for name in self.agents[1:]:
                 self.model.add_adapter(name, peft_cfg)
         self.model.eval()
+        if gradient_checkpointing:
+            _checkpoint_layers(base)
 
     # ----------------------------------------------------------------- parameters
     def adapter_parameters(self, agent: str) -> list[torch.nn.Parameter]:
