@@ -390,7 +390,11 @@ def make_engine(cfg: RunConfig, policies: AgentPolicies) -> RolloutEngine:
     from mappa.models.vllm_engine import VllmEngine
 
     engine = VllmEngine(cfg, policies.tokenizer, policies.stop_ids)
-    engine.sync(policies, 0)
+    try:
+        engine.sync(policies, 0)
+    except BaseException:
+        engine.close()
+        raise
     return engine
 
 

@@ -118,7 +118,6 @@ class VllmEngine:
         # vLLM's CPU worker replaces torch.set_num_threads for the whole process (a no-op
         # that warns); close() puts it back. It also seeds torch's global RNG with cfg.seed.
         self._set_num_threads = torch.set_num_threads
-        self._root = Path(tempfile.mkdtemp(prefix="mappa-vllm-"))
         self._loras: dict[str, Any] = {}  # agent -> its current LoRARequest
         self._next_id = 1
         self.version: int | None = None
@@ -138,6 +137,7 @@ class VllmEngine:
             logits_processors=[_scale_greedy_logits()],
             **extra,
         )
+        self._root = Path(tempfile.mkdtemp(prefix="mappa-vllm-"))  # the synced adapters
 
     # ------------------------------------------------------------------ adapters
     def sync(self, source: AdapterSource, step: int) -> None:
