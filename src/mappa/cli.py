@@ -1,4 +1,4 @@
-"""Command line: ``mappa train`` and ``mappa eval``.
+"""Command line: ``mappa train``, ``eval``, ``coach-check`` and ``coach-serve``.
 
 The config is loaded and validated before anything heavy is imported, so a typo fails in
 well under a second and no model is ever loaded for a config that cannot run.
