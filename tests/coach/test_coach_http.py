@@ -516,12 +516,27 @@ def test_request_fingerprint_covers_what_changes_replies() -> None:
     )
 
 
+def _http_run(tiny_model_dir: Path, tmp_path: Path, url: str, *overrides: str) -> Path:
+    """A tiny run's config file whose coach is the HTTP one at ``url`` (run dir: tmp/run)."""
+    import yaml
+
+    cfg = tiny_run_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "coach.backend=http",
+        f"coach.http.base_url={url}",
+        *overrides,
+    )
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    return config
+
+
 def test_training_continues_through_a_faulty_coach(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A real ``mappa train`` through 500s, 429s (both Retry-After forms), hangs, trickles,
     garbage, odd shapes and out-of-range scores: every action still gets a score, the run
     finishes, and each fallback is flagged in episodes.jsonl with its reason, counted in
     metrics.jsonl and left out of training."""
-    import yaml
 
     from mappa.cli import main
     from mappa.jsonl import read_jsonl
@@ -547,18 +562,15 @@ def test_training_continues_through_a_faulty_coach(tiny_model_dir: Path, tmp_pat
         + [(503, "down", {})] * 8
     )
     try:
-        cfg = tiny_run_config(
+        config = _http_run(
             tiny_model_dir,
-            tmp_path / "run",
+            tmp_path,
+            faulty.url,
             "train.steps=1",
-            "coach.backend=http",
-            f"coach.http.base_url={faulty.url}",
             "coach.http.timeout_s=1.0",
             "coach.http.max_retries=1",
             "coach.http.concurrency=4",
         )
-        config = tmp_path / "c.yaml"
-        config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
         assert main(["train", "--config", str(config)]) == 0
     finally:
         faulty.close()
@@ -586,21 +598,16 @@ def test_mappa_train_stops_at_once_on_a_client_error(
     import subprocess
     import sys
 
-    import yaml
-
     server = FakeOpenAIServer(default=(status, '{"error": "no such model or key"}', {}))
     run_dir = tmp_path / "run"
-    cfg = tiny_run_config(
+    config = _http_run(
         tiny_model_dir,
-        run_dir,
+        tmp_path,
+        server.url,
         "train.steps=3",
-        "coach.backend=http",
-        f"coach.http.base_url={server.url}",
         "coach.http.max_retries=4",
         "coach.http.concurrency=1",
     )
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "mappa.cli", "train", "--config", str(config)],
@@ -624,24 +631,20 @@ def test_the_fallback_streak_survives_a_resume(
 ) -> None:
     """Two all-fallback steps, a stop, a resume: the third all-fallback step stops the run,
     as it would have without the stop (the streak is in the checkpoint)."""
-    import yaml
 
     from mappa.cli import main
     from mappa.jsonl import read_jsonl
 
     down = FakeOpenAIServer(default=(503, "down", {}))
     run_dir = tmp_path / "run"
-    cfg = tiny_run_config(
+    config = _http_run(
         tiny_model_dir,
-        run_dir,
+        tmp_path,
+        down.url,
         "train.steps=2",
-        "coach.backend=http",
-        f"coach.http.base_url={down.url}",
         "coach.http.max_retries=0",
         "coach.max_fallback_steps=3",
     )
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     try:
         assert main(["train", "--config", str(config)]) == 0
         # where the server is and how hard to try it may change on resume
