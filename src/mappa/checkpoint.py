@@ -265,7 +265,7 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
         shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff)
         raise ValueError(
             f"{run_dir}: the config differs from the run's config.yaml in {shown}; only "
-            f"only {', '.join(sorted(RESUMABLE_KEYS))} may change on resume"
+            f"{', '.join(sorted(RESUMABLE_KEYS))} may change on resume"
         )
     return dict(saved)
 
