@@ -17,13 +17,9 @@ import torch
 from mappa.coach.context import CoachContext
 from mappa.coach.local import SCORE_PREFIX, LocalCoach
 from mappa.coach.templates import load_template, render_messages
+from mappa.models.batching import token_batches
 from mappa.models.loading import load_base
-from mappa.models.scorer import (
-    ScoreDistributionModel,
-    common_prefix_len,
-    split_ten,
-    token_batches,
-)
+from mappa.models.scorer import ScoreDistributionModel, common_prefix_len, split_ten
 
 
 def _direct(

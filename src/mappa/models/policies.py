@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from mappa.config import LoraConfig as LoraSettings
+from mappa.models.batching import token_batches
 from mappa.models.interface import Sample, TokenLogprobs
 
 
@@ -272,11 +273,9 @@ class AgentPolicies:
         Prompts are batched by length (longest first), so a batch pads little; the samples
         come back in the order of ``prompts``.
         """
-        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         out: dict[int, Sample] = {}
         with self.use(agent):
-            for i in range(0, len(order), batch_size):
-                rows = order[i : i + batch_size]
+            for rows in token_batches([len(p) for p in prompts], batch_size):
                 batch = [prompts[r] for r in rows]
                 samples = self._generate_batch(batch, max_new_tokens, temperature, greedy)
                 out.update(zip(rows, samples, strict=True))

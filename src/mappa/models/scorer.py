@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from mappa.models.batching import token_batches
 from mappa.models.policies import kv_cache, left_pad, with_cache
 
 
@@ -41,20 +42,6 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     for s in seqs[1:]:
         n = next((i for i in range(n) if s[i] != first[i]), n)
     return n
-
-
-def token_batches(lengths: Sequence[int], max_rows: int, max_tokens: int) -> list[list[int]]:
-    """Indices grouped into forwards, longest first, so rows of a batch have similar lengths
-    (little left padding). A batch grows while it holds at most ``max_rows`` rows and
-    ``rows x its longest row`` tokens fit ``max_tokens``; a longer row goes alone."""
-    batches: list[list[int]] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        last = batches[-1] if batches else []
-        if last and len(last) < max_rows and (len(last) + 1) * lengths[last[0]] <= max_tokens:
-            last.append(i)
-        else:
-            batches.append([i])
-    return batches
 
 
 def split_ten(digit: torch.Tensor, p_zero: torch.Tensor) -> torch.Tensor:

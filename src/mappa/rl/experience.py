@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from mappa.config import RLConfig
+from mappa.models.batching import token_batches
 from mappa.models.interface import TokenLogprobs, TrainablePolicy
 from mappa.rl.advantages import Estimate, EstimatorConfig, Groups, get_estimator
 from mappa.rl.core import masked_mean, token_rewards
@@ -217,9 +218,8 @@ def micro_batches(rows: Sequence[int], size: int, actions: Sequence[Action]) -> 
     >>> micro_batches([0, 1, 2, 3, 4], 2, acts)
     [[1, 3], [2, 4], [0]]
     """
-    lengths = {r: len(actions[r].prompt_ids) + len(actions[r].completion_ids) for r in rows}
-    ordered = sorted(rows, key=lambda r: -lengths[r])
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    lengths = [len(actions[r].prompt_ids) + len(actions[r].completion_ids) for r in rows]
+    return [[rows[j] for j in batch] for batch in token_batches(lengths, size)]
 
 
 def action_logprobs(
