@@ -90,7 +90,8 @@ class VllmConfig(_Strict):
         None,
         ge=16,
         description="Longest sequence the engine holds; null: rollout.max_prompt_tokens + "
-        "rollout.max_new_tokens, at most the model's context length.",
+        "rollout.max_new_tokens, at most the model's context length (the whole context when "
+        "the local coach scores on the engine: `coach.local.engine`).",
     )
 
 
@@ -279,16 +280,29 @@ class LocalCoachConfig(_Strict):
         description="Model for the coach; null reuses the policy base with adapters disabled "
         "(no extra memory).",
     )
+    engine: Literal["auto", "hf", "vllm"] = Field(
+        "auto",
+        description="Where the coach's forward runs. `hf`: transformers (the policy base with "
+        "adapters disabled, or `model_path`), batched by `batch_size`/`batch_tokens`. `vllm`: "
+        "the rollout's vLLM engine (`rollout.engine: vllm`) on its base without adapters, "
+        "every action in one vLLM batch, the shared prompt prefix served by vLLM's prefix "
+        "cache; only for the policy base (`model_path: null`), and it makes the engine hold "
+        "the model's full context unless `rollout.vllm.max_model_len` is set. `auto`: "
+        "`vllm` where it applies, else `hf`. Both read the same distribution (to about "
+        "1e-5), so they share the score cache.",
+    )
     batch_size: int = Field(
-        64, ge=1, description="Most actions scored in one forward pass (see `batch_tokens`)."
+        64,
+        ge=1,
+        description="Most actions scored in one forward pass (see `batch_tokens`; `hf` only).",
     )
     batch_tokens: int = Field(
         4096,
         ge=1,
-        description="Most token positions in one forward pass. The prompt prefix all actions "
-        "share is computed once; the rest of each prompt is batched with others of similar "
-        "length while rows x the longest fit. Bounds activation memory; an action longer "
-        "than this is scored alone.",
+        description="Most token positions in one forward pass (`hf` only). The prompt prefix "
+        "all actions share is computed once; the rest of each prompt is batched with others "
+        "of similar length while rows x the longest fit. Bounds activation memory; an action "
+        "longer than this is scored alone.",
     )
 
 
@@ -561,6 +575,25 @@ class RunConfig(_Strict):
                     )
         if template_fields(self.workflow.tool_turn_template) - {"observation"}:
             raise ValueError("workflow.tool_turn_template may only use {observation}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_coach_engine(self) -> RunConfig:
+        local = self.coach.local
+        if self.coach.backend != "local" or local.engine != "vllm":
+            return self
+        if self.rollout.engine != "vllm":
+            raise ValueError(
+                "coach.local.engine: 'vllm' scores on the rollout's vLLM engine; set "
+                "rollout.engine: vllm, or use coach.local.engine: hf"
+            )
+        if local.model_path is not None:
+            raise ValueError(
+                "coach.local.engine: 'vllm' scores on the policy base only "
+                "(coach.local.model_path: null); for another coach model use "
+                "coach.local.engine: hf, or serve it with `mappa coach-serve --server vllm` "
+                "and coach.backend: http"
+            )
         return self
 
 

@@ -266,11 +266,24 @@ def load_policies(cfg: RunConfig, adapters_dir: Path | None = None) -> AgentPoli
     )
 
 
-def make_coach(cfg: RunConfig, policies: AgentPolicies | None) -> CoachBackend:
+def coach_on_engine(cfg: RunConfig) -> bool:
+    """The local coach scores on the rollout's vLLM engine (``coach.local.engine``: ``vllm``,
+    or ``auto`` with ``rollout.engine: vllm`` and the policy base as the coach)."""
+    c = cfg.coach
+    if c.backend != "local" or c.local.engine == "hf":
+        return False
+    return cfg.rollout.engine == "vllm" and c.local.model_path is None
+
+
+def make_coach(
+    cfg: RunConfig, policies: AgentPolicies | None, engine: RolloutEngine | None = None
+) -> CoachBackend:
     """The configured coach, behind the score cache unless it is off.
 
-    The default local coach reuses the policy base with adapters off (no extra memory); in
-    replay mode no backend is built at all, so nothing can reach a server or load a model.
+    The default local coach reuses the policy base with adapters off (no extra memory): on
+    the rollout's vLLM ``engine`` where ``coach_on_engine``, else on ``policies``' model. A
+    command that builds no engine (``mappa coach-check``) scores ``auto`` with transformers.
+    In replay mode no backend is built at all, so nothing can reach a server or load a model.
     """
     from mappa.coach.cache import CachedCoach, ScoreCache
 
@@ -284,24 +297,37 @@ def make_coach(cfg: RunConfig, policies: AgentPolicies | None) -> CoachBackend:
         model_id = f"{c.local.model_path or cfg.model.path}|expected"
     namespace = f"{template.digest}|{c.backend}|{model_id}"
     if c.cache.mode == "off":
-        return _coach_backend(cfg, template, policies)
+        return _coach_backend(cfg, template, policies, engine)
     replay = c.cache.mode == "replay"
-    inner = None if replay else _coach_backend(cfg, template, policies)
+    inner = None if replay else _coach_backend(cfg, template, policies, engine)
     path = Path(c.cache.path) if c.cache.path else cache_root() / "coach_cache.sqlite"
     return CachedCoach(inner, ScoreCache(path), namespace, replay=replay)
 
 
 def _coach_backend(
-    cfg: RunConfig, template: CoachTemplate, policies: AgentPolicies | None
+    cfg: RunConfig,
+    template: CoachTemplate,
+    policies: AgentPolicies | None,
+    engine: RolloutEngine | None,
 ) -> CoachBackend:
     if cfg.coach.backend == "http":
         from mappa.coach.http import HttpCoach
 
         return HttpCoach(cfg.coach.http, template)
     from mappa.coach.local import LocalCoach
-    from mappa.models.scorer import ScoreDistributionModel
+    from mappa.models.vllm_engine import VllmEngine, VllmScoreDistribution
 
     local = cfg.coach.local
+    if coach_on_engine(cfg):
+        if isinstance(engine, VllmEngine):
+            return LocalCoach(VllmScoreDistribution(engine), template)
+        if local.engine == "vllm":
+            raise ValueError(
+                "coach.local.engine: 'vllm' scores on the run's vLLM rollout engine, which "
+                "this command does not start; use coach.local.engine: auto or hf"
+            )
+    from mappa.models.scorer import ScoreDistributionModel
+
     if local.model_path is None:
         if policies is None:
             raise ValueError(
@@ -389,7 +415,9 @@ def make_engine(cfg: RunConfig, policies: AgentPolicies) -> RolloutEngine:
         return policies
     from mappa.models.vllm_engine import VllmEngine
 
-    engine = VllmEngine(cfg, policies.tokenizer, policies.stop_ids)
+    engine = VllmEngine(
+        cfg, policies.tokenizer, policies.stop_ids, scores_coach=coach_on_engine(cfg)
+    )
     try:
         engine.sync(policies, 0)
     except BaseException:

@@ -97,8 +97,6 @@ def train(
     log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
 
     policies = policies or factory.load_policies(cfg)
-    outcome_only = cfg.rl.advantage == "outcome_only"  # the reward needs no coach: ask none
-    coach = None if outcome_only else factory.make_coach(cfg, policies)
     names = [a.name for a in cfg.agents]
     roles = {a.name: a.role for a in cfg.agents}
     params, optimizers = factory.make_optimizers(cfg, policies)
@@ -108,6 +106,8 @@ def train(
     guard = NonFiniteGuard(names, cfg.train.max_nonfinite_steps)
     state = TrainState(policies, optimizers, kl_ctl, batches, guard, coach_guard)
     engine = factory.make_engine(cfg, policies)
+    outcome_only = cfg.rl.advantage == "outcome_only"  # the reward needs no coach: ask none
+    coach = None if outcome_only else factory.make_coach(cfg, policies, engine)  # may use it
     runner = factory.make_runner(cfg, engine, policies.tokenizer, run_dir / "workspaces")
     try:
         start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last

@@ -2,7 +2,8 @@
 
 Digits are read at the position after the prefix, summing the probability of each digit
 with and without a leading space. "10" starts like "1", so the mass of "1" is split into 1
-and 10 by the probability of a following "0".
+and 10 by the probability of a following "0". Which tokens, and the split, are shared with
+the vLLM scorer (``mappa.models.score_tokens``).
 
 Every coach prompt of a call starts with the same system text, often half of its tokens. So
 the tokens all prompts share are run once and their KV cache is expanded over each batch;
@@ -24,11 +25,7 @@ from tqdm import tqdm
 
 from mappa.models.batching import token_batches
 from mappa.models.policies import kv_cache, left_pad, with_cache
-
-
-def _single_token_ids(tokenizer: Any, text: str) -> list[int]:
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    return ids if len(ids) == 1 else []
+from mappa.models.score_tokens import digit_token_ids, one_guess, score_prompt_ids, split_ten
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
@@ -42,12 +39,6 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     for s in seqs[1:]:
         n = next((i for i in range(n) if s[i] != first[i]), n)
     return n
-
-
-def split_ten(digit: torch.Tensor, p_zero: torch.Tensor) -> torch.Tensor:
-    """P(0..10) from P(digit 0..9) ``[B, 10]`` and P("0" after the likelier "1") ``[B]``."""
-    p10 = digit[:, 1] * p_zero
-    return torch.cat([digit[:, :1], (digit[:, 1] - p10)[:, None], digit[:, 2:], p10[:, None]], 1)
 
 
 class ScoreDistributionModel:
@@ -66,19 +57,14 @@ class ScoreDistributionModel:
         self.batch_size = batch_size
         self.batch_tokens = batch_tokens
         self.activate = activate  # e.g. "adapters off" when the coach shares the policy base
-        self.digit_ids = [
-            _single_token_ids(tokenizer, str(d)) + _single_token_ids(tokenizer, f" {d}")
-            for d in range(10)
-        ]
-        if not all(self.digit_ids):
-            raise ValueError("tokenizer has no single-token digits; cannot read a score")
+        self.digit_ids = digit_token_ids(tokenizer)
         self.zero_ids = self.digit_ids[0]
-        # The "1" appended to every suffix: " 1" where it is one token (after "SCORE:" a
-        # model writes a space), else the bare "1", then the only candidate and never wrong.
-        self.one_guess = self.digit_ids[1][-1]
+        self.one_guess = one_guess(self.digit_ids)  # appended to every suffix
         self.device = next(model.parameters()).device
 
-    def _batch(self, suffixes: list[list[int]], prefix_cache: Any, shared: int) -> torch.Tensor:
+    def _batch(
+        self, suffixes: list[list[int]], prefix_cache: Any, shared: int
+    ) -> list[list[float]]:
         """P(0..10) for prompts ``shared prefix + suffix``, the prefix's cache given."""
         ids, mask, pos = left_pad(
             [s + [self.one_guess] for s in suffixes], self.tokenizer.pad_token_id, self.device
@@ -117,18 +103,13 @@ class ScoreDistributionModel:
                 use_cache=True,
             )
             p_zero[redo] = F.softmax(after.logits[:, -1].float(), dim=-1)[:, self.zero_ids].sum(-1)
-        return split_ten(digit, p_zero).cpu()
+        return [split_ten(d, z) for d, z in zip(digit.tolist(), p_zero.tolist(), strict=True)]
 
     @torch.no_grad()
     def __call__(
         self, conversations: Sequence[list[dict[str, str]]], prefix: str
     ) -> list[list[float]]:
-        prompts = [
-            self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True)
-            + prefix
-            for c in conversations
-        ]
-        seqs = [list(self.tokenizer.encode(p, add_special_tokens=False)) for p in prompts]
+        seqs = score_prompt_ids(self.tokenizer, conversations, prefix)
         if not seqs:
             return []
         # Every suffix keeps its last token: the score is read at that token's output.
@@ -145,6 +126,6 @@ class ScoreDistributionModel:
             )
             for rows in tqdm(batches, desc="coach", leave=False):
                 probs = self._batch([seqs[i][shared:] for i in rows], prefix_cache, shared)
-                for i, p in zip(rows, probs.tolist(), strict=True):
+                for i, p in zip(rows, probs, strict=True):
                     result[i] = p
         return result

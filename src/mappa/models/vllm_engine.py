@@ -28,6 +28,9 @@ vLLM never applies the temperature to prompt log-probs, so ``logprobs_of`` (used
 tests to show that the engine serves the adapters just trained) returns temperature-1
 log-probs, to be compared with the trainer's at temperature 1.
 
+``VllmScoreDistribution`` lets the local coach score on this engine's base (adapters off),
+as the hf coach scores on the trainer's base with adapters off (``coach.local.engine``).
+
 On a GPU the engine shares the card with the trainer: ``rollout.vllm.gpu_memory_utilization``
 is vLLM's share (weights and KV cache), the rest is the trainer's. vLLM's sleep mode
 (``LLM.sleep``/``wake_up``, CUDA only) could free that share during the update; it is not
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -47,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mappa.models.interface import AdapterSource, Sample
+from mappa.models.score_tokens import digit_token_ids, one_guess, score_prompt_ids, split_ten
 
 if TYPE_CHECKING:
     from mappa.config import RunConfig
@@ -87,12 +92,21 @@ class VllmEngine:
             LoRA rank, and ``rollout.vllm``.
         tokenizer: the trainer's tokenizer; its stop token ends a completion.
         stop_ids: the tokens that end a completion; default: the tokenizer's eos.
+        scores_coach: the local coach scores on this engine too. Its prompts hold an
+            agent's whole input plus the coach template, so without
+            ``rollout.vllm.max_model_len`` the engine then holds the model's full context
+            rather than ``max_prompt_tokens + max_new_tokens``.
     """
 
     name = "vllm"
 
     def __init__(
-        self, cfg: RunConfig, tokenizer: Any, stop_ids: Iterable[int] | None = None
+        self,
+        cfg: RunConfig,
+        tokenizer: Any,
+        stop_ids: Iterable[int] | None = None,
+        *,
+        scores_coach: bool = False,
     ) -> None:
         # In-process: the engine core runs in this process instead of a spawned one, which
         # would re-import the caller's main module and hold a second process per run.
@@ -103,15 +117,18 @@ class VllmEngine:
         from mappa.models.loading import resolve_device, resolve_dtype, resolve_model_path
 
         self.agents = [a.name for a in cfg.agents]
+        self.tokenizer = tokenizer
         self.stop_ids = sorted(set(stop_ids) if stop_ids is not None else {tokenizer.eos_token_id})
         v = cfg.rollout.vllm
         path = resolve_model_path(cfg.model.path)
         dtype = resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device))
         max_len = v.max_model_len or cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
         limit = _model_context(path)
-        if v.max_model_len is None and limit is not None and max_len > limit:
-            log.info("vllm max_model_len %d capped to the model's context %d", max_len, limit)
+        if v.max_model_len is None and limit is not None and (scores_coach or max_len > limit):
+            log.info("vllm max_model_len %d set to the model's context %d", max_len, limit)
             max_len = limit
+        self.max_model_len = max_len
+        """The longest sequence (prompt and completion) a request may hold."""
         extra: dict[str, Any] = {}
         if v.kv_cache_gib is not None:
             extra["kv_cache_memory_bytes"] = int(v.kv_cache_gib * 2**30)
@@ -263,6 +280,94 @@ class VllmEngine:
             torch.set_num_threads = self._set_num_threads
         shutil.rmtree(self._root, ignore_errors=True)
         self._loras = {}
+
+
+class VllmScoreDistribution:
+    """Implements ``mappa.coach.local.ScoreDistribution`` on a ``VllmEngine``'s base model
+    (no LoRA: adapters off, as the hf coach uses the trainer's base).
+
+    The same quantities as ``mappa.models.scorer.ScoreDistributionModel`` (the tokens and the
+    split of "10" come from ``mappa.models.score_tokens``): P(each digit, bare or after a
+    space) at the position after the prefix, and P("0") after the likelier "1", both over
+    the full vocabulary, so a model with no mass on the digits is seen as such.
+
+    One ``generate`` call holds every action twice: the prompt, and the prompt followed by
+    the guessed "1", each asking one token with ``logprob_token_ids`` (vLLM returns the
+    log-prob of exactly those tokens, no top-k). vLLM batches them and its prefix cache
+    computes the prompt prefix all actions share, and each prompt's own full KV blocks,
+    once. Rows whose likelier "1" is the other token take one more request each, as in the
+    hf scorer. The requests are greedy (temperature 0): vLLM then applies no temperature, so
+    the engine's processed log-probs are ``log_softmax(logits)``, the hf scorer's; and no
+    random draw is taken from the process's torch generator, which the rollout samples from.
+    """
+
+    def __init__(self, engine: VllmEngine) -> None:
+        self.engine = engine
+        self.digit_ids = digit_token_ids(engine.tokenizer)
+        self.zero_ids = self.digit_ids[0]
+        self.one_guess = one_guess(self.digit_ids)  # appended to every prompt
+
+    def _first_token_logprobs(
+        self, prompts: Sequence[list[int]], token_ids: Sequence[list[int]]
+    ) -> list[dict[int, float]]:
+        """Per prompt, the base model's log-prob of each of its ``token_ids`` as the next
+        token (one batched call, no adapter)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = [
+            SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=ids, detokenize=False)
+            for ids in token_ids
+        ]
+        outputs = self.engine.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            params,
+            lora_request=None,  # the base: adapters off
+            use_tqdm=False,
+        )
+        return [
+            {t: out.outputs[0].logprobs[0][t].logprob for t in ids}
+            for out, ids in zip(outputs, token_ids, strict=True)
+        ]
+
+    def __call__(
+        self, conversations: Sequence[list[dict[str, str]]], prefix: str
+    ) -> list[list[float]]:
+        seqs = score_prompt_ids(self.engine.tokenizer, conversations, prefix)
+        if not seqs:
+            return []
+        longest = max(map(len, seqs))
+        if longest + 2 > self.engine.max_model_len:  # the prompt, a "1", the token asked
+            raise ValueError(
+                f"a coach prompt of {longest} tokens does not fit the vLLM engine's "
+                f"max_model_len {self.engine.max_model_len}: raise rollout.vllm.max_model_len "
+                "(up to the model's context), lower coach.observation_chars, or score with "
+                "coach.local.engine: hf"
+            )
+        digits = [t for ids in self.digit_ids for t in ids]
+        n = len(seqs)
+        both = self._first_token_logprobs(
+            [p for s in seqs for p in (s, [*s, self.one_guess])],
+            [digits, self.zero_ids] * n,
+        )
+        at_score, after_guess = both[0::2], both[1::2]
+        ones = self.digit_ids[1]
+        best = [max(ones, key=lp.__getitem__) for lp in at_score]
+        redo = [i for i in range(n) if best[i] != self.one_guess]
+        after_one = list(after_guess)
+        if redo:
+            again = self._first_token_logprobs(
+                [[*seqs[i], best[i]] for i in redo], [self.zero_ids] * len(redo)
+            )
+            for i, lp in zip(redo, again, strict=True):
+                after_one[i] = lp
+        return [
+            split_ten(
+                [sum(math.exp(lp[t]) for t in ids) for ids in self.digit_ids],
+                sum(math.exp(z[t]) for t in self.zero_ids),
+            )
+            for lp, z in zip(at_score, after_one, strict=True)
+        ]
 
 
 def _lora_rank_slot(r: int) -> int:
