@@ -19,7 +19,8 @@ from mappa.coach.local import SCORE_PREFIX, LocalCoach
 from mappa.coach.templates import load_template, render_messages
 from mappa.models.batching import token_batches
 from mappa.models.loading import load_base
-from mappa.models.scorer import ScoreDistributionModel, common_prefix_len, split_ten
+from mappa.models.score_tokens import split_ten
+from mappa.models.scorer import ScoreDistributionModel, common_prefix_len
 
 
 def _direct(
@@ -141,6 +142,5 @@ def test_token_batches_sort_by_length_and_respect_both_budgets() -> None:
 
 
 def test_split_ten_moves_mass_from_one_to_ten() -> None:
-    digit = torch.tensor([[0.1, 0.4, 0.5, 0, 0, 0, 0, 0, 0, 0]])
-    p = split_ten(digit, torch.tensor([0.25]))
-    assert p.tolist()[0] == pytest.approx([0.1, 0.3, 0.5, 0, 0, 0, 0, 0, 0, 0, 0.1])
+    p = split_ten([0.1, 0.4, 0.5, 0, 0, 0, 0, 0, 0, 0], 0.25)
+    assert p == pytest.approx([0.1, 0.3, 0.5, 0, 0, 0, 0, 0, 0, 0, 0.1])
