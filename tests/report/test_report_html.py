@@ -1,0 +1,168 @@
+"""`mappa report` without a browser: reading runs (also while written), coach statistics,
+the page's charts, escaping, regeneration and the CLI. The browser test is
+``test_report_browser.py``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from report_runs import AGENTS, PAYLOAD, write_run
+
+from mappa.cli import main
+from mappa.report.charts import Series, line_chart
+from mappa.report.coachstats import coach_summary, separation
+from mappa.report.html import CURVES, curve_series, write_report
+from mappa.report.rundata import ScoreRecord, load_run, run_labels
+
+
+def _step_payload(path: Path) -> list[dict]:
+    """The episodes a step file hands to ``mappaStep(run, step, [...])``."""
+    text = path.read_text()
+    match = re.fullmatch(r"mappaStep\((\d+),(\d+),(.*)\);\n", text, re.S)
+    assert match, text[:80]
+    return json.loads(match.group(3))
+
+
+def test_a_run_being_written_reads_without_its_torn_lines(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path / "run", steps=2, torn=True))
+    assert run.agents == list(AGENTS)
+    assert [r["step"] for r in run.metrics] == [0, 1]
+    assert sorted(run.steps) == [0, 1] and all(len(v) == 4 for v in run.steps.values())
+    act = run.steps[0][0]["acts"][1]
+    assert act["agent"] == "code_executor" and act["tool"].startswith("17") and act["ntok"] == 7
+    assert "prompt_ids" not in act and "completion_ids" not in act  # token ids are not shown
+    finals = [s for s in run.scores if s.final]
+    assert len(finals) == 8 and all(s.agent == "verifier" for s in finals)
+
+
+def test_missing_run_dir_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no such run directory"):
+        load_run(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a run"):
+        load_run(tmp_path / "empty")
+
+
+def test_run_labels_disambiguate_same_names(tmp_path: Path) -> None:
+    assert run_labels([tmp_path / "a" / "run", tmp_path / "b" / "run", tmp_path / "c"]) == [
+        "a/run",
+        "b/run",
+        "c",
+    ]
+
+
+def _rec(value: float, correct: bool) -> ScoreRecord:
+    return ScoreRecord(0, "verifier", "t", value, False, "", False, True, correct, None)
+
+
+def test_separation_warns_when_scores_do_not_tell_right_from_wrong() -> None:
+    good = separation([_rec(9, True), _rec(8, True), _rec(2, False), _rec(3, False)])
+    assert good.warning is None and good.r is not None and good.r > 0.9
+    assert good.confusion == {"right/good": 2, "right/bad": 0, "wrong/good": 0, "wrong/bad": 2}
+    flat = separation([_rec(7, True), _rec(6, True), _rec(7, False), _rec(6.5, False)])
+    assert flat.warning and "barely separates" in flat.warning
+    one_sided = separation([_rec(7, False), _rec(2, False)])
+    assert one_sided.warning and "every graded answer was wrong" in one_sided.warning
+
+
+def test_coach_summary_counts_flagged_and_accounting(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path / "run", steps=2))
+    summary = coach_summary(run.scores, run.metrics)
+    assert summary.flagged_by_reason == {"unavailable": 2}
+    assert summary.by_agent["verifier"].n == 6  # the flagged ones are left out
+    assert summary.totals["calls"] == 24 and summary.totals["flagged"] == 1
+    # ANSWER_CORRECT said "right" for a wrong answer once per step
+    assert summary.separation.verdict_confusion["wrong/good"] == 2
+
+
+def test_line_chart_is_labelled_svg_with_ids_of_its_own() -> None:
+    a = line_chart(
+        "coach score", "score", [Series("x", [0, 1], [1, 2]), Series("y", [0], [3])], "c0"
+    )
+    b = line_chart("coach score", "score", [Series("x", [0, 1], [1, 2])], "c1")
+    assert a.startswith("<svg") and "<?xml" not in a
+    for text in ("coach score", "step", "score", ">x<", ">y<"):
+        assert text in a, text
+    ids_a, ids_b = set(re.findall(r'id="([^"]+)"', a)), set(re.findall(r'id="([^"]+)"', b))
+    assert ids_a and not ids_a & ids_b
+    assert all(i.startswith("c0-") for i in ids_a)
+
+
+def test_overlaid_runs_share_a_chart_one_style_per_run(tmp_path: Path) -> None:
+    runs = [load_run(write_run(tmp_path / n), n) for n in ("process", "outcome")]
+    coach = next(c for _, cs in CURVES for c in cs if c.title.startswith("coach score"))
+    series = curve_series(coach, runs, list(AGENTS))
+    assert len(series) == 6
+    assert {s.label for s in series} >= {"process · verifier", "outcome · problem_solver"}
+    assert {s.style for s in series if s.label.startswith("outcome")} == {1}
+
+
+def test_report_escapes_everything_it_shows(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run-<i>x<i>")
+    page = write_report([run_dir], tmp_path / "out")
+    text = page.read_text()
+    assert "__pwned" not in text  # no agent text is inlined in the page at all
+    assert "run-&lt;i&gt;x&lt;i&gt;" in text and "run-<i>" not in text.split("<script")[0]
+    data = text.split('id="mappa-data">')[1].split("</script>")[0]
+    assert "<" not in data and json.loads(data)["runs"][0]["label"] == "run-<i>x<i>"
+    for step_file in sorted((tmp_path / "out" / "steps").glob("*.js")):
+        raw = step_file.read_text()
+        assert "<" not in raw  # written as \u003c: nothing can close a script element
+        episodes = _step_payload(step_file)
+        assert episodes[0]["task"].endswith(PAYLOAD)  # shown as text, unchanged
+        assert episodes[0]["acts"][1]["score"]["why"].startswith("rationale for code_executor")
+    js = (Path(__file__).parents[2] / "src/mappa/report/static/report.js").read_text()
+    assert "innerHTML" not in js and "insertAdjacentHTML" not in js and "eval(" not in js
+
+
+def test_report_sections_and_regeneration_during_a_run(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", steps=1, torn=True)
+    out = tmp_path / "report"
+    text = write_report([run_dir], out).read_text()
+    for needle in (
+        "coach score per agent",
+        "clip fraction per agent",
+        "phase times",
+        "score &gt;= 5",
+    ):
+        assert needle in text, needle
+    assert "flagged (fallbacks)" in text and "unavailable: 1" in text
+    assert [p.name for p in sorted((out / "steps").glob("*.js"))] == ["r0-s00000.js"]
+    write_run(run_dir, steps=3)  # the run went on: two more steps
+    write_report([run_dir], out)
+    names = [p.name for p in sorted((out / "steps").glob("*.js"))]
+    assert names == ["r0-s00000.js", "r0-s00001.js", "r0-s00002.js"]
+    write_run(tmp_path / "other", steps=1)
+    write_report([tmp_path / "other"], out)  # a different run into the same dir: no leftovers
+    assert [p.name for p in (out / "steps").glob("*.js")] == ["r0-s00000.js"]
+
+
+def test_cli_report_defaults_and_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = write_run(tmp_path / "a"), write_run(tmp_path / "b")
+    assert main(["report", str(a)]) == 0
+    assert (a / "report" / "index.html").is_file()
+    assert main(["report", str(a), str(b)]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(["report", str(a), str(b), "--out", str(tmp_path / "both")]) == 0
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    assert main(["report", str(a)]) == 2
+    assert "pip install 'mappa[report]'" in capsys.readouterr().err
+
+
+def test_report_imports_no_torch(tmp_path: Path) -> None:
+    """`mappa report` runs beside a training run: it must stay light."""
+    run_dir = write_run(tmp_path / "run")
+    code = (
+        "import sys; from mappa.cli import main; "
+        f"assert main(['report', {str(run_dir)!r}]) == 0; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
