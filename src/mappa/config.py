@@ -536,6 +536,12 @@ class TrainConfig(_Strict):
         description="Stop the run when one agent's loss or gradient is NaN/inf this many steps "
         "in a row (each such step skips that agent's optimizer step and goes on).",
     )
+    tensorboard: bool = Field(
+        True,
+        description="Write every numeric step metric as a TensorBoard scalar to `<run_dir>/tb/` "
+        "as each step ends (`tensorboard --logdir runs/` shows runs live); `mappa report RUN_DIR` "
+        "is the full report (docs/report.md).",
+    )
 
 
 class RunConfig(_Strict):

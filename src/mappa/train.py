@@ -4,7 +4,8 @@ Everything the loop uses is built by ``mappa.factory``; the update is ``mappa.rl
 Episodes are appended to ``<run_dir>/episodes.jsonl`` (with coach scores and exact token
 ids) *before* they are trained on, and one line per step goes to ``metrics.jsonl``. Every
 ``train.save_every`` steps and after the last, ``mappa.checkpoint`` writes a checkpoint that
-``train(..., resume=run_dir)`` (``mappa train --resume``) continues from.
+``train(..., resume=run_dir)`` (``mappa train --resume``) continues from. With
+``train.tensorboard`` each step's metrics also go to ``<run_dir>/tb/`` (``mappa.report.live``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mappa.coach.stats import accounting, bias
 from mappa.config import RunConfig
 from mappa.evaluation import TrainingEvaluator, training_tasks
 from mappa.jsonl import append_jsonl
+from mappa.report.live import ScalarLog
 from mappa.report.metrics import agent_metrics
 from mappa.rl.kl import KLController
 from mappa.rl.schedule import set_step_lr
@@ -109,8 +111,11 @@ def train(
     outcome_only = cfg.rl.advantage == "outcome_only"  # the reward needs no coach: ask none
     coach = None if outcome_only else factory.make_coach(cfg, policies, engine)  # may use it
     runner = factory.make_runner(cfg, engine, policies.tokenizer, run_dir / "workspaces")
+    live: ScalarLog | None = None
     try:
         start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last
+        if cfg.train.tensorboard:
+            live = ScalarLog(run_dir / "tb", resume_step=start)
         if start:
             engine.sync(policies, start)  # the restored adapters
         saved = start if resume is not None else -1
@@ -164,6 +169,8 @@ def train(
             )
             metrics.update(evaluator.after_step(step, runner))
             append_jsonl(run_dir / "metrics.jsonl", [metrics])
+            if live is not None:
+                live.write(metrics)
             coach_txt = " ".join(f"{n}={_fmt(metrics.get(f'coach/{n}'))}" for n in names)
             tqdm.write(
                 f"step {step}: coach[{coach_txt}] acc={_fmt(metrics['accuracy'])} "
@@ -180,6 +187,8 @@ def train(
     finally:
         runner.close()
         engine.close()
+        if live is not None:
+            live.close()
     if saved != max(start, cfg.train.steps):
         checkpoint.save_checkpoint(run_dir, max(start, cfg.train.steps), state)
     log.info("adapters saved under %s", run_dir / "adapters")
