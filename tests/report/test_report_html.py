@@ -118,6 +118,16 @@ def test_report_escapes_everything_it_shows(tmp_path: Path) -> None:
         assert episodes[0]["acts"][1]["score"]["why"].startswith("rationale for code_executor")
     js = (Path(__file__).parents[2] / "src/mappa/report/static/report.js").read_text()
     assert "innerHTML" not in js and "insertAdjacentHTML" not in js and "eval(" not in js
+    assert "</script" not in js and "<!--" not in js  # it is inlined in a <script> element
+
+
+def test_a_run_before_its_first_metrics_line(tmp_path: Path) -> None:
+    """Episodes are written before the step's metrics line: the report shows them already."""
+    run_dir = write_run(tmp_path / "run", steps=1)
+    (run_dir / "metrics.jsonl").unlink()
+    text = write_report([run_dir], tmp_path / "out").read_text()
+    assert "no step has finished yet" in text
+    assert (tmp_path / "out" / "steps" / "r0-s00000.js").is_file()
 
 
 def test_report_sections_and_regeneration_during_a_run(tmp_path: Path) -> None:

@@ -397,7 +397,7 @@ def render_page(runs: Sequence[RunData], index: list[dict[str, Any]], command: s
     agents = list(dict.fromkeys(a for r in runs for a in r.agents))
     labels = ", ".join(r.label for r in runs)
     steps = ", ".join(f"{r.label}: {len(r.metrics)} step(s) logged" for r in runs)
-    generated = time.strftime("%Y-%m-%d %H:%M:%S")
+    generated = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>

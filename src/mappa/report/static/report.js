@@ -136,7 +136,7 @@ function renderAction(a) {
 
 function renderOutcome(ep) {
   const box = el("div", { class: "outcome" }, el("div", { class: "label" }, "outcome"));
-  const line = el("div", {}, outcomeBadge(ep.correct), " final answer: ", el("code", {}, ep.final === null ? "(none)" : String(ep.final)));
+  const line = el("div", {}, outcomeBadge(ep.correct), " final answer: ", el("code", {}, ep.final === null || ep.final === undefined ? "(none)" : String(ep.final)));
   if (ep.answer !== null && ep.answer !== undefined) line.append("  expected: ", el("code", {}, String(ep.answer)));
   box.appendChild(line);
   const metrics = Object.entries(ep.metrics || {});
@@ -248,7 +248,7 @@ function ensureViewer() {
 /* The same task at every step it was drawn: one column per step, so a change in an agent's
  * behaviour reads left to right. */
 function compareTask(run, taskId) {
-  const steps = DATA.runs[run].tasks[taskId] || [];
+  const steps = DATA.runs[run].tasks[String(taskId)] || [];
   const panel = $("compare-panel");
   panel.hidden = false;
   const title = el("h3", {}, "task " + taskId + " across " + steps.length + " step(s) of " + DATA.runs[run].label + " ");
