@@ -30,8 +30,9 @@ PALETTE = (
 )
 """Colours by index (matplotlib's tab10, reordered so the first three read apart)."""
 
-LINESTYLES = ("-", "--", ":", "-.")
-"""Line styles by run, so overlaid runs stay apart when their agents share a colour."""
+LINESTYLES = (("-", "solid"), ("--", "dashed"), (":", "dotted"), ("-.", "dash-dot"))
+"""Line styles by run (matplotlib's and the name the page gives it), so overlaid runs stay
+apart when their agents share a colour."""
 
 
 class MissingReportDependency(ImportError):
@@ -99,7 +100,7 @@ def line_chart(title: str, ylabel: str, series: Sequence[Series], chart_id: str)
             s.ys,
             label=s.label,
             color=PALETTE[s.color % len(PALETTE)],
-            linestyle=LINESTYLES[s.style % len(LINESTYLES)],
+            linestyle=LINESTYLES[s.style % len(LINESTYLES)][0],
             marker="o" if len(s.xs) <= 20 else None,
             markersize=3,
             linewidth=1.4,

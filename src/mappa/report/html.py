@@ -28,8 +28,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from mappa.report.charts import Series, histogram_chart, line_chart, require_matplotlib
-from mappa.report.coachstats import CoachSummary, coach_summary, spread
+from mappa.report.charts import (
+    LINESTYLES,
+    Series,
+    histogram_chart,
+    line_chart,
+    require_matplotlib,
+)
+from mappa.report.coachstats import GOOD_SCORE, CoachSummary, coach_summary, spread
 from mappa.report.rundata import RunData, load_run, run_labels
 
 
@@ -175,8 +181,7 @@ def curves_view(runs: Sequence[RunData], agents: Sequence[str]) -> str:
         return '<p class="muted">no step has finished yet: metrics.jsonl holds no line</p>'
     if len(runs) > 1:
         styles = ", ".join(
-            f"{r.label}: {('solid', 'dashed', 'dotted', 'dash-dot')[i % 4]}"
-            for i, r in enumerate(runs)
+            f"{r.label}: {LINESTYLES[i % len(LINESTYLES)][1]}" for i, r in enumerate(runs)
         )
         parts.insert(0, f'<p class="muted">line style per run: {_esc(styles)}</p>')
     return "".join(parts)
@@ -243,9 +248,9 @@ def coach_block(run: RunData, summary: CoachSummary, chart_prefix: str) -> str:
     )
     parts.append(
         _confusion_table(
-            "confusion: final score >= 5 counts as the coach saying right",
+            f"confusion: final score >= {GOOD_SCORE:g} counts as the coach saying right",
             sep.confusion,
-            ("score >= 5", "score < 5"),
+            (f"score >= {GOOD_SCORE:g}", f"score < {GOOD_SCORE:g}"),
         )
     )
     if sep.verdict_confusion:
