@@ -8,6 +8,7 @@ The run also shows the live view: its TensorBoard scalars are read back from ``t
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
@@ -153,12 +154,15 @@ def browser() -> Iterator[Any]:
 
 
 def _shot(driver: Any, name: str) -> None:
-    """A screenshot of the whole page (the window grown to the page, up to 3000 px)."""
+    """A screenshot of the whole page, beyond the window (Chrome DevTools), up to 4000 px."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1400, min(max(int(height), 700), 3000))
-    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
-    driver.set_window_size(1400, 1000)
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 4000)}
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {"format": "png", "captureBeyondViewport": True, "clip": {**clip, "scale": 1}},
+    )
+    (ARTIFACTS / f"{name}.png").write_bytes(base64.b64decode(shot["data"]))
 
 
 def _console_errors(driver: Any) -> list[str]:
@@ -249,7 +253,9 @@ def test_report_in_chromium(report: tuple[Path, Path], browser: Any) -> None:
 
     # The same task across steps, side by side.
     crafted.find_element(By.CSS_SELECTOR, "summary button.link").click()
-    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-panel .col details")) == 2)
+    wait.until(
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-panel .col details.episode")) == 2
+    )
     columns = driver.find_elements(By.CSS_SELECTOR, "#compare-panel .col")
     assert [c.find_element(By.TAG_NAME, "strong").text for c in columns] == ["step 0", "step 1"]
     _shot(driver, "compare")

@@ -156,10 +156,12 @@ function agentScores(ep, agent) {
   return chips;
 }
 
-function renderEpisode(run, step, ep, agent, open) {
+/* One episode, folded to a summary line until opened; `compare` is false inside the
+ * comparison itself. */
+function renderEpisode(run, step, ep, agent, open, compare = true) {
   const summary = el("summary", {}, el("strong", {}, ep.task_id), el("span", { class: "muted" }, ep.type),
     outcomeBadge(ep.correct), ...agentScores(ep, agent),
-    el("button", { class: "link", onclick: (e) => { e.preventDefault(); compareTask(run, ep.task_id); } }, "compare across steps"));
+    compare && el("button", { class: "link", onclick: (e) => { e.preventDefault(); compareTask(run, ep.task_id); } }, "compare across steps"));
   const d = el("details", { class: "episode", "data-episode": ep.id }, summary);
   const build = () => {
     const body = el("div", { class: "ep-body" }, el("div", { class: "label" }, "task"), el("pre", {}, ep.task));
@@ -260,7 +262,7 @@ function compareTask(run, taskId) {
     const col = el("div", { class: "col" }, el("strong", {}, "step " + step));
     cols.appendChild(col);
     loadStep(run, step, (episodes) => {
-      for (const ep of (episodes || []).filter((e) => e.task_id === taskId)) col.appendChild(renderEpisode(run, step, ep, agent, false));
+      for (const ep of (episodes || []).filter((e) => e.task_id === taskId)) col.appendChild(renderEpisode(run, step, ep, agent, true, false));
     });
   }
   panel.scrollIntoView({ block: "start" });
