@@ -1,4 +1,5 @@
-"""The vLLM rollout engine (``rollout.engine: vllm``) against the trainer's own model.
+"""The vLLM rollout engine (``rollout.engine: vllm``) against the trainer's own model, and
+the local coach scoring on it (``coach.local.engine``) against the hf scorer.
 
 Runs the real vLLM (the CPU build, ``make install-vllm``) on a tiny Llama; skipped when vLLM
 is not installed. vLLM's CPU attention has no kernel for the shared tiny model's head size
@@ -7,6 +8,8 @@ is not installed. vLLM's CPU attention has no kernel for the shared tiny model's
 Tolerances: both sides compute in float32 on the CPU, but with different kernels (vLLM's
 attention and LoRA kernels, its fused QKV projection), so log-probs agree to about 1e-5;
 ``ATOL`` leaves room for that and is still far below the change one update makes.
+``SCORE_RTOL`` is the same allowance for the coach's probabilities (relative, as they are
+exp(log-prob)).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ needs_vllm = pytest.mark.skipif(
 
 ATOL = 2e-4
 """Largest |vLLM - trainer| log-prob difference accepted for one token."""
+
+SCORE_RTOL = 2e-4
+"""Largest relative |vLLM - hf| difference accepted for one probability of P(0..10)."""
 
 
 @pytest.fixture(scope="module")
@@ -167,9 +173,10 @@ def test_greedy_stop_token_and_truncation(engine_and_policies: Any) -> None:
 def test_vllm_engine_trains_two_steps_and_serves_each_update(
     vllm_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Acceptance: ``rollout.engine: vllm`` trains end to end; the actions trained are the
-    very samples vLLM returned; after step 0's update the engine's log-probs of a fixed
-    completion are the trainer's (and differ from before the update)."""
+    """Acceptance: ``rollout.engine: vllm`` trains end to end, the local coach scoring on the
+    engine; the actions trained are the very samples vLLM returned; after step 0's update the
+    engine's log-probs of a fixed completion are the trainer's (and differ from before the
+    update)."""
     from mappa.jsonl import read_jsonl
     from mappa.models import vllm_engine
     from mappa.train import train
@@ -200,14 +207,29 @@ def test_vllm_engine_trains_two_steps_and_serves_each_update(
                 [trainer] = _trainer_logprobs(source, a, prompt, completion, 1.0)
                 after_update[a] = (before[a], served, trainer)
 
+    scored: list[int] = []
+
+    class RecordingScores(vllm_engine.VllmScoreDistribution):
+        """The real vLLM coach scorer; counts the actions it scored."""
+
+        def __call__(self, conversations: Any, prefix: str) -> list[list[float]]:
+            probs = super().__call__(conversations, prefix)
+            scored.append(len(probs))
+            return probs
+
     monkeypatch.setattr(vllm_engine, "VllmEngine", RecordingEngine)
+    monkeypatch.setattr(vllm_engine, "VllmScoreDistribution", RecordingScores)
     cfg = _config(vllm_model_dir, tmp_path / "run")
+    assert cfg.coach.local.engine == "auto"
     run_dir = train(cfg)
 
     episodes = read_episodes(run_dir / "episodes.jsonl")
     assert len(episodes) == 2 * 2 * 2  # steps x prompts x samples
     actions = [a for ep in episodes for a in ep.actions]
     assert actions and len(actions) == len(sampled)
+    # The local coach scored every action on the engine (auto: the policy base, vLLM rollout).
+    assert sum(scored) == len(actions)
+    assert all(a.coach is not None and not a.coach.flagged for a in actions)
     recorded = {(tuple(a.prompt_ids), tuple(a.completion_ids)): a for a in actions}
     for prompt, completion, logps in sampled:
         action = recorded[(tuple(prompt), tuple(completion))]
@@ -222,6 +244,168 @@ def test_vllm_engine_trains_two_steps_and_serves_each_update(
     for agent, (before, served, trainer) in after_update.items():
         assert max(abs(x - y) for x, y in zip(served, trainer, strict=True)) < ATOL, agent
         assert max(abs(x - y) for x, y in zip(before, served, strict=True)) > 10 * ATOL, agent
+
+
+@pytest.fixture(scope="module")
+def sharp_model_dir(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The vLLM test model with its matrices redrawn larger, as tests/coach/test_coach_local.py
+    does: at the default init the next token hardly depends on the context, so a score read
+    at the wrong position or after a leaked token would still pass."""
+    import shutil
+
+    from transformers import LlamaForCausalLM
+
+    directory = tmp_path_factory.mktemp("tiny-llama-vllm-sharp")
+    shutil.copytree(vllm_model_dir, directory, dirs_exist_ok=True)
+    model = LlamaForCausalLM.from_pretrained(vllm_model_dir)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    model.save_pretrained(directory)
+    return directory
+
+
+def _coach_contexts() -> list[Any]:
+    """Demo-like coach contexts: each MathChat agent, short to long outputs (one past a
+    vLLM KV block of its own), a tool observation, and the final agent with the reference."""
+    from dataclasses import replace
+
+    from mappa.coach.context import CoachContext
+
+    base = CoachContext("What is 12 + 30?", "", "", 0, "", "", None, False, None)
+    base = replace(base, output_limit=12, task_type="arithmetic")
+    solver = "We add 12 and 30 step by step. " * 3
+    return [
+        replace(
+            base,
+            agent="problem_solver",
+            role="solve",
+            agent_input="Problem: 12 + 30",
+            output=solver,
+        ),
+        replace(
+            base,
+            agent="problem_solver",
+            role="solve",
+            agent_input="Problem: 12 + 30",
+            output=solver * 6,
+            truncated=True,
+        ),
+        replace(
+            base,
+            agent="code_executor",
+            role="code",
+            agent_input=f"wrote: {solver}",
+            output="```python\nprint(12 + 30)\n```",
+            observation="42\n",
+        ),
+        replace(
+            base,
+            agent="code_executor",
+            role="code",
+            turn=1,
+            agent_input="output 42",
+            output="The result is 42.",
+        ),
+        replace(
+            base,
+            agent="verifier",
+            role="check",
+            agent_input="The result is 42.",
+            output="\\boxed{42}",
+            is_final=True,
+            ground_truth="42",
+        ),
+        replace(
+            base,
+            agent="verifier",
+            role="check",
+            agent_input="The result is 41.",
+            output="\\boxed{41}",
+            is_final=True,
+            ground_truth="42",
+        ),
+    ]
+
+
+@needs_vllm
+def test_local_coach_on_the_engine_reads_the_hf_scorers_distribution(
+    sharp_model_dir: Path, tmp_path: Path
+) -> None:
+    """``coach.local.engine``: the vLLM scorer (one batched call on the engine's base, prefix
+    cached) gives the hf scorer's P(0..10) on the same model and contexts, for either guess
+    of the "1" token (one rides along, the other takes the extra request), and the same
+    coach scores."""
+    from mappa.coach.local import SCORE_PREFIX
+    from mappa.coach.templates import render_messages
+    from mappa.factory import coach_template, load_policies, make_coach, make_engine
+    from mappa.models.scorer import ScoreDistributionModel
+    from mappa.models.vllm_engine import VllmScoreDistribution
+
+    cfg = _config(sharp_model_dir, tmp_path / "run")
+    policies = load_policies(cfg)
+    engine = make_engine(cfg, policies)
+    try:
+        coach: Any = make_coach(cfg, policies, engine)  # auto: on the engine
+        hf_cfg = _config(sharp_model_dir, tmp_path / "run", "coach.local.engine=hf")
+        hf_coach: Any = make_coach(hf_cfg, policies, engine)
+        assert isinstance(coach.distribution, VllmScoreDistribution)
+        assert isinstance(hf_coach.distribution, ScoreDistributionModel)
+        # Coach prompts may be longer than the rollout's max_prompt_tokens + max_new_tokens:
+        # the engine holds the model's context when the coach scores on it.
+        assert engine.max_model_len == 4096
+        assert engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+
+        contexts = _coach_contexts()
+        conversations = [render_messages(coach_template(cfg), c) for c in contexts]
+        want = hf_coach.distribution(conversations, SCORE_PREFIX)
+        dist = coach.distribution
+        assert len(dist.digit_ids[1]) == 2  # "1" and " 1": the guess can be wrong here
+        for guess in dist.digit_ids[1]:
+            dist.one_guess = guess
+            got = dist(conversations, SCORE_PREFIX)
+            for g, w in zip(got, want, strict=True):
+                assert len(g) == 11
+                assert torch.allclose(torch.tensor(g), torch.tensor(w), rtol=SCORE_RTOL, atol=1e-9)
+                assert 0.0 < sum(g) < 0.9  # over the full vocabulary, not the digits alone
+        # Different actions get different distributions: the contexts are really read.
+        assert max(abs(a - b) for a, b in zip(got[-1], got[-2], strict=True)) > 1e-3
+        assert dist([], SCORE_PREFIX) == []
+
+        scores, hf_scores = coach.score(contexts), hf_coach.score(contexts)
+        for s, h in zip(scores, hf_scores, strict=True):
+            assert not s.flagged and s.backend == "local"
+            assert abs(s.value - h.value) < 1e-3
+    finally:
+        engine.close()
+
+
+def test_coach_engine_choice_and_impossible_combinations(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``auto`` scores on the vLLM engine only for the policy base with a vLLM rollout;
+    ``vllm`` elsewhere is refused when the config loads, or (no engine built, as in
+    ``mappa coach-check``) when the coach is built; ``auto`` then falls back to hf."""
+    from mappa.config import ConfigError
+    from mappa.factory import coach_on_engine, make_coach
+
+    run = tmp_path / "run"
+    assert coach_on_engine(_config(tiny_model_dir, run))
+    assert not coach_on_engine(_config(tiny_model_dir, run, "coach.local.engine=hf"))
+    assert not coach_on_engine(_config(tiny_model_dir, run, f"coach.local.model_path={run}"))
+    assert not coach_on_engine(tiny_run_config(tiny_model_dir, run))  # the hf rollout
+    http = _config(tiny_model_dir, run, "coach.backend=http", "coach.local.engine=vllm")
+    assert not coach_on_engine(http)  # the local settings do not apply
+    with pytest.raises(ConfigError, match=r"coach\.local\.engine.*rollout\.engine: vllm"):
+        tiny_run_config(tiny_model_dir, run, "coach.local.engine=vllm")
+    with pytest.raises(ConfigError, match=r"coach\.local\.engine.*policy base only"):
+        _config(tiny_model_dir, run, "coach.local.engine=vllm", f"coach.local.model_path={run}")
+    with pytest.raises(ValueError, match=r"coach\.local\.engine.*does not start"):
+        make_coach(_config(tiny_model_dir, run, "coach.local.engine=vllm"), None)
+    with pytest.raises(ValueError, match="needs the policy model"):  # auto: hf, no engine
+        make_coach(_config(tiny_model_dir, run), None)
 
 
 def test_check_refuses_the_vllm_engine_without_vllm(
