@@ -91,7 +91,8 @@ def _inline_svg(fig: Any, prefix: str) -> str:
 
 
 def line_chart(title: str, ylabel: str, series: Sequence[Series], chart_id: str) -> str:
-    """A line chart over training steps; a legend when there is more than one line."""
+    """A line chart over training steps; a legend when there is more than one line (below
+    the axes when there are many)."""
     plt = require_matplotlib()
     fig, ax = plt.subplots(figsize=(4.4, 2.7))
     for s in series:
@@ -110,7 +111,9 @@ def line_chart(title: str, ylabel: str, series: Sequence[Series], chart_id: str)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.xaxis.get_major_locator().set_params(integer=True)
-    if len(series) > 1:
+    if len(series) > 3:  # overlaid runs: a legend inside would cover the lines
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2, frameon=False)
+    elif len(series) > 1:
         ax.legend(loc="best", frameon=False)
     return _inline_svg(fig, chart_id)
 
