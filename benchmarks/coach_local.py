@@ -1,5 +1,8 @@
 """Local coach throughput: the plain path (batches of 4 full prompts, one extra step for
-"10") against the fast path (one shared-prefix KV cache, length-sorted token-budget batches).
+"10") against the fast path (one shared-prefix KV cache, length-sorted token-budget batches),
+and, where vLLM is installed, the coach on the vLLM engine (``coach.local.engine: vllm``:
+every action in one ``generate`` call, vLLM's prefix cache; emptied before each run, so no
+run reuses the prompts of the one before).
 
 The contexts are the demo's (`mappa train` with no config): its MathChat agents, roles and
 input templates, the coach template described from them, arithmetic tasks, 2 samples per
@@ -11,12 +14,13 @@ difference in expected score from the plain path. "<= 4 rows" is the fast path u
 demo config's `coach.local.batch_size: 4`. Run alone: other CPU jobs on a 2-core machine
 distort every number here (the load average is printed before and after).
 
-    .venv/bin/python benchmarks/coach_local.py [--tasks 2] [--repeats 3]
+    .venv/bin/python benchmarks/coach_local.py [--tasks 2] [--repeats 3] [--no-vllm]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -184,12 +188,32 @@ def load() -> str:
     return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def vllm_path(tokenizer: Any) -> Callable[[Sequence[Any]], list[list[float]]]:
+    """The coach on an in-process vLLM engine over the demo's model (CPU build, float32 as
+    the hf paths), as ``coach.local.engine: vllm`` builds it; the prefix cache is emptied
+    before each call."""
+    from mappa.models.vllm_engine import VllmEngine, VllmScoreDistribution
+
+    cfg = load_config(
+        default_config(), ["rollout.engine=vllm", "model.device=cpu", "rollout.vllm.kv_cache_gib=1"]
+    )
+    engine = VllmEngine(cfg, tokenizer, scores_coach=True)
+    dist = VllmScoreDistribution(engine)
+
+    def score(conversations: Sequence[Any]) -> list[list[float]]:
+        engine.llm.reset_prefix_cache()
+        return dist(conversations, SCORE_PREFIX)
+
+    return score
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=2, help="8 actions per task (2 samples x 4)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per path; the best counts")
     ap.add_argument("--batch-tokens", type=int, nargs="+", default=[2048, 4096, 8192])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--no-vllm", action="store_true", help="leave out the vLLM engine's row")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)  # 1: CPU time is then a fair measure under load
@@ -211,6 +235,8 @@ def main() -> None:
     }
     for name, scorer in scorers.items():
         paths[name] = partial(scorer, prefix=SCORE_PREFIX)
+    if not args.no_vllm and importlib.util.find_spec("vllm") is not None:
+        paths["vllm engine (one call)"] = vllm_path(tokenizer)
     lengths = [
         len(tokenizer.encode(p, add_special_tokens=False))
         for p in tokenizer.apply_chat_template(
