@@ -234,7 +234,8 @@ def test_report_in_chromium(report: tuple[Path, Path], browser: Any) -> None:
     Select(driver.find_element(By.ID, "f-agent")).select_by_value("code_executor")
     crafted = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "details[data-episode=xss-1]"))
     crafted.find_element(By.TAG_NAME, "summary").click()
-    actions = crafted.find_elements(By.CSS_SELECTOR, ".action")
+    # the body is built on the "toggle" event, which fires after the click returns
+    actions = wait.until(lambda d: crafted.find_elements(By.CSS_SELECTOR, ".action"))
     assert [a.get_attribute("data-agent") for a in actions] == ["code_executor"]
     assert actions[0].find_elements(By.CSS_SELECTOR, "pre.code span.kw, pre.code span.fn")
 
@@ -248,7 +249,7 @@ def test_report_in_chromium(report: tuple[Path, Path], browser: Any) -> None:
     crafted = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "details[data-episode=xss-1]"))
     if crafted.get_attribute("open") is None:  # a tiny-model episode that happened to be right
         crafted.find_element(By.TAG_NAME, "summary").click()
-    assert len(crafted.find_elements(By.CSS_SELECTOR, ".action")) == 3
+    wait.until(lambda d: len(crafted.find_elements(By.CSS_SELECTOR, ".action")) == 3)
     driver.execute_script("window.scrollTo(0, 0)")
     _shot(driver, "episodes")
 
@@ -260,6 +261,11 @@ def test_report_in_chromium(report: tuple[Path, Path], browser: Any) -> None:
     columns = driver.find_elements(By.CSS_SELECTOR, "#compare-panel .col")
     assert [c.find_element(By.TAG_NAME, "strong").text for c in columns] == ["step 0", "step 1"]
     _shot(driver, "compare")
+
+    # The held-out episodes (eval.every=1) are a set of their own.
+    outcome.select_by_value("")
+    Select(driver.find_element(By.ID, "f-run")).select_by_visible_text("run (held-out)")
+    wait.until(lambda d: "step 1: showing 2 of 2" in d.find_element(By.ID, "ep-summary").text)
 
     assert driver.execute_script("return window.__pwned") is None
     assert _console_errors(driver) == []

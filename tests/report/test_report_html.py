@@ -121,6 +121,23 @@ def test_report_escapes_everything_it_shows(tmp_path: Path) -> None:
     assert "</script" not in js and "<!--" not in js  # it is inlined in a <script> element
 
 
+def test_held_out_episodes_are_a_set_of_their_own(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path / "run", steps=2)
+    held = [json.loads(line) for line in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    (run_dir / "heldout_episodes.jsonl").write_text(
+        "".join(json.dumps({**e, "episode_id": "h-" + e["episode_id"]}) + "\n" for e in held[4:6])
+    )
+    text = write_report([run_dir], tmp_path / "out").read_text()
+    data = json.loads(text.split('id="mappa-data">')[1].split("</script>")[0])
+    assert [r["label"] for r in data["runs"]] == ["run", "run (held-out)"]
+    assert data["runs"][1]["steps"] == [{"step": 1, "n": 2, "file": "steps/r1-s00001.js"}]
+    assert [e["id"] for e in _step_payload(tmp_path / "out/steps/r1-s00001.js")] == [
+        "h-s1-e0",
+        "h-s1-e1",
+    ]
+    assert len(load_run(run_dir).scores) == 24  # held-out episodes are no coach statistics
+
+
 def test_a_run_before_its_first_metrics_line(tmp_path: Path) -> None:
     """Episodes are written before the step's metrics line: the report shows them already."""
     run_dir = write_run(tmp_path / "run", steps=1)

@@ -4,7 +4,8 @@ episode viewer) that opens from disk with no server and no network.
 Layout of the output directory::
 
     <out>/index.html            the page: CSS, JS and every chart inlined (charts are SVG)
-    <out>/steps/rR-sNNNNN.js    run R's episodes of step N, loaded when the viewer asks
+    <out>/steps/rR-sNNNNN.js    episode set R's episodes of step N (R: the runs' training
+                                episodes, then their held-out ones), loaded when shown
 
 The episodes are kept out of the page so it opens fast however long the run: the viewer
 injects ``<script src>`` for the step it shows (``fetch`` is refused on ``file://`` pages).
@@ -333,7 +334,7 @@ def coach_view(runs: Sequence[RunData]) -> str:
 
 VIEWER = """
 <div class="controls">
-  <label>run <select id="f-run"></select></label>
+  <label>episodes of <select id="f-run"></select></label>
   <label>step <button id="f-prev" title="previous step">&#9664;</button>
     <select id="f-step"></select><button id="f-next" title="next step">&#9654;</button></label>
   <label>agent <select id="f-agent"></select></label>
@@ -371,26 +372,32 @@ def _write(path: Path, text: str) -> None:
 
 
 def write_steps(runs: Sequence[RunData], out: Path) -> list[dict[str, Any]]:
-    """One script per run and step under ``out/steps`` (stale ones from an earlier report
-    are removed); returns the viewer's index of runs, steps and tasks."""
+    """One script per episode set and step under ``out/steps`` (stale ones from an earlier
+    report are removed); returns the viewer's index of sets, steps and tasks.
+
+    A run's training episodes are one set and its held-out episodes (``eval.every``), if
+    any, another, named "<run> (held-out)": the viewer offers each set like a run.
+    """
     steps_dir = out / "steps"
     steps_dir.mkdir(parents=True, exist_ok=True)
+    sets = [(run.label, run.agents, run.steps) for run in runs]
+    sets += [(f"{run.label} (held-out)", run.agents, run.heldout) for run in runs if run.heldout]
     index: list[dict[str, Any]] = []
     written: set[str] = set()
-    for ri, run in enumerate(runs):
+    for vi, (label, agents, by_step) in enumerate(sets):
         entries: list[dict[str, Any]] = []
         tasks: dict[str, list[int]] = {}  # task id -> the steps it was drawn in
-        for step in sorted(run.steps):
-            episodes = run.steps[step]
-            name = f"r{ri}-s{step:05d}.js"
-            _write(steps_dir / name, f"mappaStep({ri},{step},{_script_json(episodes)});\n")
+        for step in sorted(by_step):
+            episodes = by_step[step]
+            name = f"r{vi}-s{step:05d}.js"
+            _write(steps_dir / name, f"mappaStep({vi},{step},{_script_json(episodes)});\n")
             written.add(name)
             entries.append({"step": step, "n": len(episodes), "file": f"steps/{name}"})
             for ep in episodes:
                 seen = tasks.setdefault(str(ep["task_id"]), [])
                 if not seen or seen[-1] != step:
                     seen.append(step)
-        index.append({"label": run.label, "agents": run.agents, "steps": entries, "tasks": tasks})
+        index.append({"label": label, "agents": agents, "steps": entries, "tasks": tasks})
     for stale in steps_dir.glob("r*-s*.js"):
         if stale.name not in written:
             stale.unlink()

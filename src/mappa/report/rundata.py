@@ -52,7 +52,8 @@ class RunData:
     agents: list[str]
     metrics: list[dict[str, Any]]
     steps: dict[int, list[EpisodeView]] = field(default_factory=dict)
-    scores: list[ScoreRecord] = field(default_factory=list)
+    heldout: dict[int, list[EpisodeView]] = field(default_factory=dict)  # eval.every episodes
+    scores: list[ScoreRecord] = field(default_factory=list)  # training episodes' only
 
     @property
     def final_agent(self) -> str | None:
@@ -183,6 +184,8 @@ def load_run(run_dir: Path, label: str | None = None) -> RunData:
         ep = compact_episode(raw)
         run.steps.setdefault(step, []).append(ep)
         run.scores.extend(_score_records(ep, step, run.final_agent))
+    for raw in iter_records(run_dir / "heldout_episodes.jsonl"):
+        run.heldout.setdefault(int(raw.get("step") or 0), []).append(compact_episode(raw))
     if not run.agents:  # neither config nor metrics: the order the episodes show
         run.agents = list(
             dict.fromkeys(a["agent"] for eps in run.steps.values() for e in eps for a in e["acts"])
