@@ -93,6 +93,13 @@ class VllmConfig(_Strict):
         "rollout.max_new_tokens, at most the model's context length (the whole context when "
         "the local coach scores on the engine: `coach.local.engine`).",
     )
+    sleep_during_update: bool | None = Field(
+        None,
+        description="Free vLLM's memory while the trainer updates: vLLM's sleep mode, level 1 "
+        "(weights to host memory, KV cache dropped), woken by the sync after the update. "
+        "null: on where vLLM has a sleep mode (CUDA, ROCm, XPU), off on CPU; true where it "
+        "has none is an error.",
+    )
 
 
 class RolloutConfig(_Strict):

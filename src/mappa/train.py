@@ -146,6 +146,7 @@ def train(
             metrics.update(accounting(scores, prices.prompt, prices.completion))
             metrics.update(bias(episodes, names[-1]))
             metrics["lr"] = set_step_lr(optimizers.values(), cfg.rl, step, cfg.train.steps)
+            engine.release()  # e.g. vLLM sleeps: its memory is the update's until the sync
             metrics.update(
                 update_agents(
                     policies,

@@ -183,6 +183,7 @@ def test_vllm_engine_trains_two_steps_and_serves_each_update(
     from mappa.workflow.records import read_episodes
 
     sampled: list[tuple[list[int], list[int], list[float]]] = []
+    calls: list[str] = []  # release and sync, in order
     after_update: dict[str, tuple[list[float], list[float], list[float]]] = {}
 
     class RecordingEngine(vllm_engine.VllmEngine):
@@ -193,7 +194,12 @@ def test_vllm_engine_trains_two_steps_and_serves_each_update(
             sampled.extend((s.prompt_ids, s.completion_ids, s.logprobs) for s in samples)
             return samples
 
+        def release(self) -> None:
+            calls.append("release")
+            super().release()
+
         def sync(self, source: Any, step: int) -> None:
+            calls.append(f"sync {step}")
             if step != 1:  # step 1's adapters: those after step 0's update
                 super().sync(source, step)
                 return
@@ -223,6 +229,8 @@ def test_vllm_engine_trains_two_steps_and_serves_each_update(
     assert cfg.coach.local.engine == "auto"
     run_dir = train(cfg)
 
+    # The engine may free its memory for each update, and the next sync follows it.
+    assert calls == ["sync 0", "release", "sync 1", "release", "sync 2"]
     episodes = read_episodes(run_dir / "episodes.jsonl")
     assert len(episodes) == 2 * 2 * 2  # steps x prompts x samples
     actions = [a for ep in episodes for a in ep.actions]
@@ -423,3 +431,18 @@ def test_check_refuses_the_vllm_engine_without_vllm(
     with pytest.raises(ConfigError, match=r"rollout\.engine.*make install-vllm"):
         check(_config(tiny_model_dir, tmp_path / "run"))
     check(tiny_run_config(tiny_model_dir, tmp_path / "run"))  # the hf engine needs nothing
+
+
+@needs_vllm
+def test_sleep_during_update_is_refused_where_vllm_has_no_sleep_mode(
+    vllm_model_dir: Path, tmp_path: Path
+) -> None:
+    """The CPU build has no sleep mode: ``true`` stops before an engine starts, naming the
+    key; ``null`` (the default) resolves to off there."""
+    from mappa.models.vllm_engine import VllmEngine, _sleep_during_update
+
+    assert _sleep_during_update(None) is False
+    assert _sleep_during_update(False) is False
+    cfg = _config(vllm_model_dir, tmp_path / "run", "rollout.vllm.sleep_during_update=true")
+    with pytest.raises(ValueError, match=r"rollout\.vllm\.sleep_during_update.*no sleep mode"):
+        VllmEngine(cfg, object(), stop_ids=[0])

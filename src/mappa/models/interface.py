@@ -86,4 +86,9 @@ class RolloutEngine(SamplingPolicy, Protocol):
 
     def sync(self, source: AdapterSource, step: int) -> None: ...
 
+    def release(self) -> None:
+        """The update is about to run: free what the engine holds that the trainer could
+        use, until the next ``sync`` (an engine on its own memory has nothing to do)."""
+        ...
+
     def close(self) -> None: ...

@@ -255,6 +255,9 @@ class AgentPolicies:
         if source is not self:
             raise ValueError("the hf engine samples from its own adapters; sync it with itself")
 
+    def release(self) -> None:
+        """Nothing to free: the engine is the trainer's own model."""
+
     def close(self) -> None:
         """Nothing to release: the model belongs to the trainer."""
 

