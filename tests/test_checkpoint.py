@@ -17,7 +17,7 @@ import pytest
 import yaml
 from conftest import tiny_run_config
 
-from mappa.checkpoint import TaskBatches, latest_checkpoint
+from mappa.checkpoint import TaskBatches, config_differences, latest_checkpoint
 from mappa.cli import main
 from mappa.jsonl import read_jsonl
 from mappa.tasks import Task
@@ -163,6 +163,22 @@ def test_resume_refuses_a_different_config_and_extends_steps(
     assert len(metrics) == STEPS
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["steps"] == STEPS
     _same_metrics(metrics[:1], reference["metrics"][:1])
+
+
+def test_a_run_saved_before_a_key_existed_resumes_under_its_default(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A key added after the run started reads as its default (what the run did); set to
+    anything else it is a difference, unless resumable."""
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run")
+    saved = cfg.model_dump(mode="json")
+    del saved["coach"]["local"]["engine"], saved["train"]["tensorboard"]
+    assert config_differences(saved, cfg) == []
+    assert config_differences(saved, cfg.model_copy(update={"seed": cfg.seed + 1})) == ["seed"]
+    other = tiny_run_config(tiny_model_dir, tmp_path / "run", "coach.local.engine=hf")
+    assert config_differences(saved, other) == ["coach.local.engine"]
+    quiet = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.tensorboard=false")
+    assert config_differences(saved, quiet) == []  # resumable: computes nothing
 
 
 def test_task_batches_resume_their_order() -> None:

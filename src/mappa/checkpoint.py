@@ -61,6 +61,8 @@ RESUMABLE_KEYS = frozenset(
         "train.save_every",
         "run_dir",
         "coach.max_fallback_steps",
+        "train.tensorboard",
+        "rollout.vllm.sleep_during_update",
         *(
             f"coach.http.{key}"
             for key in (
@@ -76,8 +78,9 @@ RESUMABLE_KEYS = frozenset(
 )
 """Config keys a resumed run may change: ``train.steps`` extends or shortens it; the rest say
 where the coach server is and how hard to try, so a run stopped by a moved or overloaded
-server can continue, but nothing that changes what is computed (the coach's model, its
-prompt, sampling) may differ."""
+server can continue, whether TensorBoard is written, and whether vLLM sleeps through the
+update; nothing that changes what is computed (the coach's model, its prompt, sampling) may
+differ."""
 
 
 class TaskBatches:
@@ -239,9 +242,19 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _with_defaults(saved: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A saved config as this version reads it: a key added since the run started takes its
+    default, which is what the run did before the key existed. A config this version
+    cannot read (a key renamed or removed) is compared as written."""
+    try:
+        return RunConfig.model_validate(saved).model_dump(mode="json")
+    except ValueError:
+        return saved
+
+
 def config_differences(saved: Mapping[str, Any], cfg: RunConfig) -> list[str]:
     """Keys whose values differ between a run's saved config and ``cfg`` (but the resumable)."""
-    a, b = _flat(saved), _flat(cfg.model_dump(mode="json"))
+    a, b = _flat(_with_defaults(saved)), _flat(cfg.model_dump(mode="json"))
     return sorted(
         k for k in a.keys() | b.keys() if k not in RESUMABLE_KEYS and a.get(k) != b.get(k)
     )
@@ -261,7 +274,7 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
     saved = yaml.safe_load(config.read_text()) or {}
     diff = config_differences(saved, cfg)
     if diff:
-        old, new = _flat(saved), _flat(cfg.model_dump(mode="json"))
+        old, new = _flat(_with_defaults(saved)), _flat(cfg.model_dump(mode="json"))
         shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff)
         raise ValueError(
             f"{run_dir}: the config differs from the run's config.yaml in {shown}; only "
