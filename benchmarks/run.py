@@ -444,9 +444,11 @@ def measure_demo(rev: str | None, steps: int) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- driver
 def _child(args: list[str], python: str = sys.executable, timeout: float = 3600) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter; its last stdout line is its JSON."""
+    """Run one measurement in a fresh interpreter; its last stdout line is its JSON. The
+    interpreter imports mappa from this tree, whatever its environment has installed."""
     proc = subprocess.run(
         [python, __file__, "--measure", *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -457,9 +459,23 @@ def _child(args: list[str], python: str = sys.executable, timeout: float = 3600)
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def _row(name: str, what: str, a: str, b: str, ratio: float | None, target: str) -> str:
-    shown = "-" if ratio is None else f"{ratio:.2f}x"
-    return f"| {name} | {what} | {a} | {b} | {shown} | {target} |"
+def _row(
+    name: str,
+    what: str,
+    a: float,
+    b: float,
+    target: str = "",
+    digits: int = 1,
+    inverse: bool = False,
+) -> str:
+    """A table row of ``a`` against ``b``; the ratio is ``a / b`` (``b / a`` if ``inverse``:
+    times, where the ratio is a speedup)."""
+    ratio = b / a if inverse else a / b
+    return f"| {name} | {what} | {a:.{digits}f} | {b:.{digits}f} | {ratio:.2f}x | {target} |"
+
+
+def _skipped(name: str, why: str) -> str:
+    return f"| {name} | {why} | | | - | skipped |"
 
 
 def main() -> None:
@@ -508,17 +524,17 @@ def main() -> None:
             _row(
                 "P1",
                 "peak RSS, 3 agents vs 1 (MiB)",
-                f"{three['peak_mib']:.0f}",
-                f"{one['peak_mib']:.0f}",
-                three["peak_mib"] / one["peak_mib"],
+                three["peak_mib"],
+                one["peak_mib"],
                 "<= 1.3x",
+                digits=0,
             )
         )
     engines = {"hf": sys.executable}
     if Path(args.vllm_python).exists():
         engines["vllm"] = args.vllm_python
     else:
-        rows.append(_row("P2/P4", f"vLLM: no {args.vllm_python}", "", "", None, "skipped"))
+        rows.append(_skipped("P2/P4", f"vLLM: no {args.vllm_python}"))
     if "P2" in only:
         raw["P2"] = []
         for engine, python in engines.items():
@@ -529,40 +545,33 @@ def main() -> None:
                     "P2",
                     f"{engine} pipeline vs raw generate, tok/s (batch {r['batch']}, prompt "
                     f"{r['prompt_len']}, {r['new_len']} new)",
-                    f"{r['pipeline_tok_s']:.1f}",
-                    f"{r['raw_tok_s']:.1f}",
-                    r["pipeline_tok_s"] / r["raw_tok_s"],
+                    r["pipeline_tok_s"],
+                    r["raw_tok_s"],
                     ">= 0.8x",
                 )
             )
     if "P4" in only:
         c = _child(["coach-local", *quick])
         raw["P4"] = [c]
-        rows.append(
-            _row(
-                "P4",
-                "local coach actions/s, 8 in one call vs one call each",
-                f"{c['batched_actions_s']:.2f}",
-                f"{c['one_at_a_time_actions_s']:.2f}",
-                c["batched_actions_s"] / c["one_at_a_time_actions_s"],
-                "",
+        for against, key, target in [
+            ("one call each", "one_at_a_time", ""),
+            ("the previous scorer", "previous", ">= 5x"),
+        ]:
+            rows.append(
+                _row(
+                    "P4",
+                    f"local coach actions/s, 8 in one call vs {against}",
+                    c["batched_actions_s"],
+                    c[f"{key}_actions_s"],
+                    target,
+                    digits=2,
+                )
             )
-        )
-        rows.append(
-            _row(
-                "P4",
-                "local coach actions/s, 8 in one call vs the previous scorer",
-                f"{c['batched_actions_s']:.2f}",
-                f"{c['previous_actions_s']:.2f}",
-                c["batched_actions_s"] / c["previous_actions_s"],
-                ">= 5x",
-            )
-        )
         servers = {"vllm": engines["vllm"]} if "vllm" in engines else {}
         if importlib.util.find_spec("llama_cpp") is not None:
             servers = {"llamacpp": sys.executable, **servers}
         else:
-            rows.append(_row("P4", "llama.cpp: no coach-server extra", "", "", None, "skipped"))
+            rows.append(_skipped("P4", "llama.cpp: no coach-server extra"))
         for server, python in servers.items():
             h = _child(["coach-http", server, *quick], python)
             raw["P4"].append(h)
@@ -571,10 +580,10 @@ def main() -> None:
                     "P4",
                     f"HTTP coach ({server} server) actions/s, 8 requests in flight vs 1 "
                     f"({h['c8_requests']} vs {h['c1_requests']} requests for {h['actions']})",
-                    f"{h['c8_actions_s']:.2f}",
-                    f"{h['c1_actions_s']:.2f}",
-                    h["c8_actions_s"] / h["c1_actions_s"],
+                    h["c8_actions_s"],
+                    h["c1_actions_s"],
                     "",
+                    digits=2,
                 )
             )
     if "P3" in only:
@@ -585,9 +594,8 @@ def main() -> None:
                 "P3",
                 f"update tok/s vs TRL GRPOTrainer (~{ours['tokens']:.0f} completion tokens a "
                 "batch)",
-                f"{ours['tok_s']:.1f}",
-                f"{trl['tok_s']:.1f}",
-                ours["tok_s"] / trl["tok_s"],
+                ours["tok_s"],
+                trl["tok_s"],
                 ">= 1.5x",
             )
         )
@@ -597,10 +605,10 @@ def main() -> None:
             _row(
                 "P5",
                 f"{s['backend']} print(1) vs bare `python -c pass` (ms)",
-                f"{1000 * s['sandbox_s']:.0f}",
-                f"{1000 * s['bare_s']:.0f}",
-                s["sandbox_s"] / s["bare_s"],
+                1000 * s["sandbox_s"],
+                1000 * s["bare_s"],
                 "",
+                digits=0,
             )
         )
     if "demo" in only:
@@ -613,10 +621,8 @@ def main() -> None:
                 "demo",
                 f"rollout tok/s, now vs {args.baseline} ({new['rollout_tokens']:.0f} vs "
                 f"{old['rollout_tokens']:.0f} tokens a step)",
-                f"{new['rollout_tok_s']:.1f}",
-                f"{old['rollout_tok_s']:.1f}",
-                new["rollout_tok_s"] / old["rollout_tok_s"],
-                "",
+                new["rollout_tok_s"],
+                old["rollout_tok_s"],
             )
         )
         for key in ("rollout_s", "coach_s", "update_s", "step_s"):
@@ -624,10 +630,10 @@ def main() -> None:
                 _row(
                     "demo",
                     f"{key}, now vs {args.baseline} (s; ratio = speedup)",
-                    f"{new[key]:.1f}",
-                    f"{old[key]:.1f}",
-                    old[key] / new[key],
+                    new[key],
+                    old[key],
                     ">= 2.5x" if key == "step_s" else "",
+                    inverse=True,
                 )
             )
     print("\n".join(rows))
