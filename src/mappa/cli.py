@@ -258,6 +258,14 @@ def _coach_serve(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
+    import signal
+
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM (a process manager, `kill`) stops it like Ctrl-C: the server process it started
+    # is stopped too instead of being left running.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.start()
         print(f"coach server ({server.name}) ready at {server.base_url}", flush=True)

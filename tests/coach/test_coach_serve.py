@@ -35,8 +35,19 @@ def _lines(stream: object) -> queue.Queue[str]:
     return lines
 
 
-@pytest.mark.parametrize(("server", "module"), [("llamacpp", "llama_cpp"), ("vllm", "vllm")])
-def test_coach_serve_answers_the_http_coach_and_stops_on_ctrl_c(server: str, module: str) -> None:
+@pytest.mark.parametrize(
+    ("server", "module", "stop"),
+    [
+        ("llamacpp", "llama_cpp", signal.SIGINT),
+        ("llamacpp", "llama_cpp", signal.SIGTERM),  # a process manager's stop
+        ("vllm", "vllm", signal.SIGINT),
+    ],
+)
+def test_coach_serve_answers_the_http_coach_and_stops_on_ctrl_c(
+    server: str, module: str, stop: signal.Signals
+) -> None:
+    """Ctrl-C (SIGINT) or SIGTERM ends ``mappa coach-serve`` with status 0 and its server
+    with it: nothing answers on the port afterwards."""
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} not installed (make test installs it)")
     proc = subprocess.Popen(
@@ -44,6 +55,9 @@ def test_coach_serve_answers_the_http_coach_and_stops_on_ctrl_c(server: str, mod
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal: a test run started in the background of a shell inherits
+        # SIGINT ignored, and Python then never raises KeyboardInterrupt for Ctrl-C.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         lines = _lines(proc.stdout)
@@ -78,7 +92,7 @@ def test_coach_serve_answers_the_http_coach_and_stops_on_ctrl_c(server: str, mod
         # SmolLM2 rarely writes the score line (then flagged unparseable); what is tested is
         # that every request was answered by the server.
         assert [s.flag_reason for s in scores if s.flag_reason == "unavailable"] == []
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         assert proc.wait(timeout=120) == 0
     finally:
         if proc.poll() is None:
