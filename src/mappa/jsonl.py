@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,24 +71,24 @@ def append_jsonl(path: Path, rows: Iterable[dict[str, Any] | str]) -> None:
         os.fsync(fh.fileno())
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every record of ``path``; a torn last line (a kill mid-append) is skipped with a
-    warning. A bad line anywhere else is corruption, not a crash, and raises."""
+def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of ``path``, streamed (a file larger than memory is fine); a torn last
+    line (a kill mid-append, or a write in progress) is skipped with a warning. A bad line
+    anywhere else is corruption, not a crash, and raises."""
     with path.open(encoding="utf-8", errors="replace") as fh:
-        lines = fh.read().split("\n")
-    complete, tail = lines[:-1], lines[-1]
-    rows = []
-    for number, line in enumerate(complete, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not a JSON record ({err})") from err
-    if tail.strip():
-        try:  # a last record without its newline is torn even if it happens to parse
-            json.loads(tail)
-            log.warning("%s: skipping a last line without its newline (torn write?)", path)
-        except json.JSONDecodeError:
-            log.warning("%s: skipping a torn last line (%d chars)", path, len(tail))
-    return rows
+        for number, line in enumerate(fh, 1):
+            if not line.endswith("\n"):  # a last record without its newline is torn even
+                # if it happens to parse
+                log.warning("%s: skipping a torn last line (%d chars)", path, len(line))
+                return
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not a JSON record ({err})") from err
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every record of ``path`` (``iter_jsonl``'s rules)."""
+    return list(iter_jsonl(path))

@@ -2,7 +2,7 @@
 in the compact form the episode viewer shows.
 
 Built to be read while the run is still writing: a torn last line of either JSONL file is
-skipped (as ``mappa.jsonl.read_jsonl`` does), and episodes whose step has no metrics line
+skipped (``mappa.jsonl.iter_jsonl``), and episodes whose step has no metrics line
 yet are shown all the same. ``episodes.jsonl`` is streamed line by line and each action's
 token ids and log-probs are dropped as it is read: they are most of the file and the report
 shows text, so a long run's episodes fit in memory.
@@ -10,18 +10,13 @@ shows text, so a long run's episodes fit in memory.
 
 from __future__ import annotations
 
-import json
-import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from mappa.jsonl import read_jsonl
-
-log = logging.getLogger(__name__)
+from mappa.jsonl import iter_jsonl, read_jsonl
 
 EpisodeView = dict[str, Any]
 """One episode as the viewer reads it (keys documented in ``compact_episode``)."""
@@ -58,24 +53,6 @@ class RunData:
     @property
     def final_agent(self) -> str | None:
         return self.agents[-1] if self.agents else None
-
-
-def iter_records(path: Path) -> Iterator[dict[str, Any]]:
-    """The JSON records of a JSONL file, streamed; a last line without its newline (a write
-    in progress, or torn by a kill) is skipped, a bad line elsewhere raises."""
-    if not path.exists():
-        return
-    with path.open(encoding="utf-8", errors="replace") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.endswith("\n"):
-                log.warning("%s: skipping a last line without its newline", path)
-                return
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not a JSON record ({err})") from err
 
 
 def _agent_names(run_dir: Path, metrics: list[dict[str, Any]]) -> list[str]:
@@ -179,12 +156,13 @@ def load_run(run_dir: Path, label: str | None = None) -> RunData:
         raise FileNotFoundError(f"{run_dir}: neither metrics.jsonl nor episodes.jsonl (not a run)")
     metrics = read_jsonl(metrics_path) if metrics_path.exists() else []
     run = RunData(run_dir, label or run_dir.name, _agent_names(run_dir, metrics), metrics)
-    for raw in iter_records(episodes_path):
+    for raw in iter_jsonl(episodes_path) if episodes_path.exists() else ():
         step = int(raw.get("step") or 0)
         ep = compact_episode(raw)
         run.steps.setdefault(step, []).append(ep)
         run.scores.extend(_score_records(ep, step, run.final_agent))
-    for raw in iter_records(run_dir / "heldout_episodes.jsonl"):
+    heldout_path = run_dir / "heldout_episodes.jsonl"
+    for raw in iter_jsonl(heldout_path) if heldout_path.exists() else ():
         run.heldout.setdefault(int(raw.get("step") or 0), []).append(compact_episode(raw))
     if not run.agents:  # neither config nor metrics: the order the episodes show
         run.agents = list(
