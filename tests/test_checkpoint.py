@@ -172,8 +172,10 @@ def test_a_run_saved_before_a_key_existed_resumes_under_its_default(
     anything else it is a difference, unless resumable."""
     cfg = tiny_run_config(tiny_model_dir, tmp_path / "run")
     saved = cfg.model_dump(mode="json")
-    del saved["coach"]["local"]["engine"], saved["train"]["tensorboard"]
+    del saved["coach"]["local"]["engine"], saved["train"]["tensorboard"], saved["tasks"]["seed"]
     assert config_differences(saved, cfg) == []
+    pinned = tiny_run_config(tiny_model_dir, tmp_path / "run", "tasks.seed=5")
+    assert config_differences(saved, pinned) == ["tasks.seed"]  # other problems: not a resume
     assert config_differences(saved, cfg.model_copy(update={"seed": cfg.seed + 1})) == ["seed"]
     other = tiny_run_config(tiny_model_dir, tmp_path / "run", "coach.local.engine=hf")
     assert config_differences(saved, other) == ["coach.local.engine"]

@@ -38,6 +38,22 @@ def _episode(*actions: Action) -> Episode:
     return Episode("e", "t", "task", "5", actions=list(actions))
 
 
+def test_tasks_seed_fixes_the_problems_across_run_seeds() -> None:
+    """Runs that differ only in ``seed`` see the same problems when ``tasks.seed`` is set
+    (an experiment's seeds); unset, each run draws its own (the run seed's)."""
+    from mappa.cli import default_config
+    from mappa.config import load_config
+    from mappa.evaluation import heldout_tasks, training_tasks
+
+    def sets(*overrides: str) -> tuple[list[str], list[str]]:
+        cfg = load_config(default_config(), list(overrides))
+        return [t.prompt for t in training_tasks(cfg)], [t.prompt for t in heldout_tasks(cfg)]
+
+    assert sets("seed=1", "tasks.seed=7") == sets("seed=2", "tasks.seed=7") == sets("seed=7")
+    assert sets("seed=1") != sets("seed=2")
+    assert sets("seed=1") == sets("seed=5", "tasks.seed=1")
+
+
 def test_behaviour_metrics_per_agent(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = tiny_run_config(tiny_model_dir, tmp_path)
     episodes = [

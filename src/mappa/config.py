@@ -206,6 +206,13 @@ class TaskConfig(_Strict):
     grade_timeout_s: float = Field(
         5.0, gt=0.0, description="Time limit for one symbolic (sympy) answer comparison."
     )
+    seed: int | None = Field(
+        None,
+        description="Seeds which problems are generated or drawn for training and held-out "
+        "evaluation (null: the run's `seed`). Fixed, runs with different seeds see the same "
+        "problems and held-out set while sampling, task order and initialisation differ "
+        "(`mappa experiment` sets it).",
+    )
 
 
 class EvalConfig(_Strict):
@@ -461,6 +468,21 @@ class RLConfig(_Strict):
         "layout, pi_sample the sampling log-probs (verl's default cap 2). null: no correction.",
     )
 
+    @property
+    def needs_coach(self) -> bool:
+        """Whether the reward reads coach scores: not for `outcome_only`, nor when the coach
+        score's weight is 0 (e.g. GRPO on outcomes); such runs ask no coach at all."""
+        return self.advantage != "outcome_only" and self.w_process != 0.0
+
+    @model_validator(mode="after")
+    def _check_reward(self) -> RLConfig:
+        if self.advantage != "outcome_only" and self.w_process == 0.0 and self.w_outcome == 0.0:
+            raise ValueError(
+                "rl.w_process and rl.w_outcome are both 0: every reward is 0 and nothing is "
+                "learned; set one of them (e.g. rl.w_outcome=1 for outcome rewards)"
+            )
+        return self
+
 
 class SandboxConfig(_Strict):
     """Where and under which limits agents' code runs (docs: `mappa.sandbox`).
@@ -570,6 +592,11 @@ class RunConfig(_Strict):
     rl: RLConfig = Field(default_factory=RLConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @property
+    def task_seed(self) -> int:
+        """The seed of the task sets: ``tasks.seed``, else the run's ``seed``."""
+        return self.seed if self.tasks.seed is None else self.tasks.seed
 
     @model_validator(mode="after")
     def _check_agents(self) -> RunConfig:

@@ -32,9 +32,9 @@ log = logging.getLogger(__name__)
 
 
 def training_tasks(cfg: RunConfig) -> list[Task]:
-    """The training set named by ``tasks``."""
+    """The training set named by ``tasks``, drawn with ``tasks.seed`` (else the run's)."""
     t = cfg.tasks
-    return load_tasks(t.source, t.num_tasks, t.difficulty, cfg.seed)
+    return load_tasks(t.source, t.num_tasks, t.difficulty, cfg.task_seed)
 
 
 def heldout_tasks(cfg: RunConfig, source: str | None = None) -> list[Task]:
@@ -43,8 +43,8 @@ def heldout_tasks(cfg: RunConfig, source: str | None = None) -> list[Task]:
     t, e = cfg.tasks, cfg.eval
     source = source or e.source or "arithmetic"
     if source == "arithmetic":
-        return generate(t.num_tasks + e.num_tasks, cfg.seed, t.difficulty)[t.num_tasks :]
-    return load_tasks(source, e.num_tasks, t.difficulty, cfg.seed)
+        return generate(t.num_tasks + e.num_tasks, cfg.task_seed, t.difficulty)[t.num_tasks :]
+    return load_tasks(source, e.num_tasks, t.difficulty, cfg.task_seed)
 
 
 def checked_heldout(

@@ -39,10 +39,10 @@ def _model_path_problem(key: str, path: str) -> str | None:
     import re
 
     if path.startswith("pypi:"):
-        from mappa.models.packages import PYPI_PREFIX, locate_gguf
+        from mappa.models.packages import PYPI_PREFIX, require_installed
 
         try:
-            locate_gguf(path.removeprefix(PYPI_PREFIX))
+            require_installed(path.removeprefix(PYPI_PREFIX))
         except (ValueError, OSError) as err:
             return f"{key}: {err}"
         return None
@@ -142,7 +142,7 @@ def _task_problems(cfg: RunConfig) -> list[str]:
         if source is None or source == "arithmetic" or source.startswith("dsbench-"):
             continue
         try:
-            load_tasks(source, cfg.tasks.num_tasks, cfg.tasks.difficulty, cfg.seed)
+            load_tasks(source, cfg.tasks.num_tasks, cfg.tasks.difficulty, cfg.task_seed)
         except (ValueError, OSError, ImportError) as err:
             out.append(f"{key}: {err}")
     return out
@@ -152,7 +152,7 @@ def _coach_problems(cfg: RunConfig) -> list[str]:
     import os
 
     c = cfg.coach
-    asked = cfg.rl.advantage != "outcome_only"  # an outcome-only run asks no coach
+    asked = cfg.rl.needs_coach  # a reward without coach scores asks no coach
     live = asked and c.cache.mode != "replay"  # replay builds no backend
     out = []
     if c.backend == "http":

@@ -108,8 +108,8 @@ def train(
     guard = NonFiniteGuard(names, cfg.train.max_nonfinite_steps)
     state = TrainState(policies, optimizers, kl_ctl, batches, guard, coach_guard)
     engine = factory.make_engine(cfg, policies)
-    outcome_only = cfg.rl.advantage == "outcome_only"  # the reward needs no coach: ask none
-    coach = None if outcome_only else factory.make_coach(cfg, policies, engine)  # may use it
+    # a reward without coach scores (outcome_only, w_process 0) asks no coach at all
+    coach = factory.make_coach(cfg, policies, engine) if cfg.rl.needs_coach else None
     runner = factory.make_runner(cfg, engine, policies.tokenizer, run_dir / "workspaces")
     live: ScalarLog | None = None
     try:

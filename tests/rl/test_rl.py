@@ -687,6 +687,34 @@ def test_group_estimators_refuse_a_task_sampled_once() -> None:
     assert out["rl/singleton_groups"] == 0 and out["rl/flat_groups"] == 0
 
 
+def test_rewards_without_coach_scores_ask_no_coach_and_train_every_action() -> None:
+    """GRPO on outcomes (w_process 0) needs no coach, like outcome_only: the trainer asks
+    none, so no action has a score; every action is trained, rewarded by its outcome."""
+    cfg = RLConfig(advantage="grpo", w_process=0.0, w_outcome=1.0)
+    assert not cfg.needs_coach and not RLConfig(advantage="outcome_only").needs_coach
+    assert RLConfig(advantage="grpo").needs_coach and RLConfig(w_outcome=1.0).needs_coach
+    policy = FakeTablePolicy(["a", "b"])
+    episodes = _episodes(policy) + _episodes(policy)  # each task sampled twice
+    for i, ep in enumerate(episodes):
+        ep.correct = i in (0, 3)  # each task right once and wrong once: signal in each group
+        for action in ep.actions:
+            action.coach = None
+    items = scored_actions(episodes, exclude_flagged=True, needs_score=cfg.needs_coach)
+    assert len(items) == 10 and scored_actions(episodes, exclude_flagged=True) == []
+    rewards = build_batch(items, cfg).groups.rewards.tolist()
+    assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    out = _update(policy, episodes, cfg, KLController(0.1), ("a", "b"))
+    assert out["trained_actions"] == 10
+    assert out["rl/a/skipped"] == out["rl/b/skipped"] == ""
+
+
+def test_a_reward_of_nothing_is_refused() -> None:
+    for advantage in ("reinforce_pp", "grpo", "rloo"):
+        with pytest.raises(ValueError, match="w_process and rl.w_outcome are both 0"):
+            RLConfig(advantage=advantage, w_process=0.0)
+    assert not RLConfig(advantage="outcome_only", w_process=0.0).needs_coach
+
+
 def test_rl_imports_no_runner_trainer_evaluation_or_coach() -> None:
     code = "import sys, mappa.rl; print(' '.join(sorted(sys.modules)))"
     loaded = subprocess.run(

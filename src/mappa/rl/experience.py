@@ -112,8 +112,8 @@ def scored_actions(
     episodes: Sequence[Episode], exclude_flagged: bool, needs_score: bool = True
 ) -> list[tuple[Episode, Action]]:
     """(episode, action) pairs to train on: those with a coach score, minus flagged scores if
-    excluded; every action when the reward needs no score (``outcome_only``: no coach is
-    asked, so a coach outage cannot drop an action)."""
+    excluded; every action when the reward needs no score (``RLConfig.needs_coach`` false:
+    ``outcome_only``, or ``w_process`` 0; no coach is asked, so none can drop an action)."""
     if not needs_score:
         return [(e, a) for e in episodes for a in e.actions]
     return [

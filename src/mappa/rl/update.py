@@ -208,7 +208,7 @@ def update_agents(
     Raises ``ValueError`` for ``grpo``/``rloo`` when a task was sampled only once.
     """
     check_group_sizes(episodes, cfg.advantage)
-    items = scored_actions(episodes, exclude_flagged, needs_score=cfg.advantage != "outcome_only")
+    items = scored_actions(episodes, exclude_flagged, needs_score=cfg.needs_coach)
     out: dict[str, Any] = {"kl_beta": kl_ctl.beta, "trained_actions": len(items)}
     if not items:
         out["mean_kl"] = None
