@@ -1,4 +1,5 @@
-"""Command line: ``mappa train``, ``eval``, ``coach-check``, ``coach-serve`` and ``report``.
+"""Command line: ``mappa train``, ``eval``, ``coach-check``, ``coach-serve``, ``report`` and
+``experiment``.
 
 The config is loaded and validated before anything heavy is imported, so a typo fails in
 well under a second and no model is ever loaded for a config that cannot run.
@@ -69,6 +70,24 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="output dir for index.html and its steps/ (default: RUN_DIR/report for one run; "
         "required for several)",
+    )
+    experiment = sub.add_parser(
+        "experiment",
+        help="compare arms x seeds of runs on one held-out set, then write the results table, "
+        "plot and overlay report; rerun the same command to resume (docs/experiments.md)",
+    )
+    experiment.add_argument("config", type=Path, help="experiment YAML")
+    experiment.add_argument(
+        "overrides",
+        nargs="*",
+        help="key.path=value overrides for every arm's runs (after the file's own); give the "
+        "same ones when rerunning to resume",
+    )
+    experiment.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where runs, configs and results go (default: runs/experiments/<config name>)",
     )
     sub.choices["train"].add_argument(
         "--resume",
@@ -224,37 +243,12 @@ def _adapter_base(adapters: Path, agent: str) -> str | None:
 
 def _coach_serve(args: argparse.Namespace) -> int:
     """Start the server, print how to point the HTTP coach at it, serve until interrupted."""
-    import importlib.util
+    from mappa.coach.servers import make_server
 
-    from mappa.coach.servers import LlamaCppServer, LocalServer, VllmServer
-    from mappa.models.packages import PYPI_PREFIX, locate_gguf
-
-    needs = {"llamacpp": ("llama_cpp", "install-coach-server"), "vllm": ("vllm", "install-vllm")}
-    module, target = needs[args.server]
-    if importlib.util.find_spec(module) is None:
-        print(
-            f"mappa: the {args.server} server is not installed; run `make {target}`",
-            file=sys.stderr,
-        )
-        return 2
-    server: LocalServer
     try:
-        if args.server == "llamacpp":
-            gguf = (
-                locate_gguf(args.model.removeprefix(PYPI_PREFIX))[0]
-                if args.model.startswith(PYPI_PREFIX)
-                else Path(args.model)
-            )
-            if not gguf.is_file():
-                raise FileNotFoundError(f"--model {args.model}: no such GGUF file")
-            server = LlamaCppServer(gguf, args.max_model_len, args.threads, port=args.port)
-        else:
-            from mappa.models.loading import resolve_model_path
-
-            model_dir = Path(resolve_model_path(args.model))
-            if not (model_dir / "config.json").is_file():
-                raise FileNotFoundError(f"--model {args.model}: not a model directory")
-            server = VllmServer(model_dir, args.max_model_len, args.kv_cache_gib, port=args.port)
+        server = make_server(
+            args.server, args.model, args.max_model_len, args.threads, args.kv_cache_gib, args.port
+        )
     except (ValueError, OSError) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
@@ -302,12 +296,34 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _experiment(args: argparse.Namespace) -> int:
+    """Check the whole experiment (every arm's config), then run what is left of it."""
+    from mappa.experiment import ExperimentError
+    from mappa.experiment.runner import Experiment
+    from mappa.report.charts import MissingReportDependency
+
+    _setup_logging()
+    try:
+        experiment = Experiment(args.config, args.out, args.overrides)
+    except (ExperimentError, MissingReportDependency) as err:
+        print(f"mappa: {err}", file=sys.stderr)
+        return 2
+    try:
+        experiment.run()
+    except (ExperimentError, RuntimeError, TimeoutError) as err:  # a run or the server failed
+        print(f"mappa: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "coach-serve":  # needs no run config
         return _coach_serve(args)
     if args.command == "report":
         return _report(args)
+    if args.command == "experiment":
+        return _experiment(args)
     adapters = getattr(args, "adapters", None)
     resume = getattr(args, "resume", None)
     resumed = resume / "config.yaml" if resume is not None else None

@@ -177,3 +177,47 @@ class VllmServer(LocalServer):
             "--kv-cache-memory-bytes",
             str(int(self.kv_cache_gib * 2**30)),
         ]
+
+
+SERVER_KINDS = {"llamacpp": ("llama_cpp", "install-coach-server"), "vllm": ("vllm", "install-vllm")}
+"""Server kind -> (the module it needs, the make target that installs it)."""
+
+
+def make_server(
+    kind: str,
+    model: str,
+    max_model_len: int = 4096,
+    threads: int = 1,
+    kv_cache_gib: float = 1.0,
+    port: int | None = None,
+) -> LocalServer:
+    """A server of ``kind`` (``llamacpp`` | ``vllm``) over ``model``, not started yet.
+
+    ``model``: ``pypi:<package>`` (a known GGUF package), or a GGUF file (llamacpp) or a model
+    directory (vllm). Raises ``ValueError``/``OSError`` naming the problem: the server is not
+    installed, or the model is not what the server reads (checked before anything starts).
+    """
+    import importlib.util
+
+    from mappa.models.packages import PYPI_PREFIX, locate_gguf
+
+    if kind not in SERVER_KINDS:
+        raise ValueError(f"coach server {kind!r}: not one of {sorted(SERVER_KINDS)}")
+    module, target = SERVER_KINDS[kind]
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"the {kind} server is not installed; run `make {target}`")
+    if kind == "llamacpp":
+        gguf = (
+            locate_gguf(model.removeprefix(PYPI_PREFIX))[0]
+            if model.startswith(PYPI_PREFIX)
+            else Path(model)
+        )
+        if not gguf.is_file():
+            raise FileNotFoundError(f"coach server model {model}: no such GGUF file")
+        return LlamaCppServer(gguf, max_model_len, threads, port=port)
+    from mappa.models.loading import resolve_model_path
+
+    model_dir = Path(resolve_model_path(model))
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"coach server model {model}: not a model directory")
+    return VllmServer(model_dir, max_model_len, kv_cache_gib, port=port)

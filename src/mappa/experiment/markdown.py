@@ -1,0 +1,118 @@
+"""``results.md``: the results of ``mappa.experiment.results.summarize`` as tables a person
+reads (and pastes into a write-up); every number is in ``results.json`` too."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    """A number for a table cell; ``-`` for a missing one.
+
+    >>> fmt(0.33333), fmt(None), fmt(12)
+    ('0.333', '-', '12')
+    """
+    if x is None:
+        return "-"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def cell(stats: dict[str, Any]) -> str:
+    """``mean (min-max, sd std, n=N)``, or the bare value of a single seed.
+
+    >>> cell({"n": 2, "mean": 0.375, "min": 0.25, "max": 0.5, "std": 0.177})
+    '0.375 (0.250-0.500, sd 0.177, n=2)'
+    >>> cell({"n": 1, "mean": 0.5, "min": 0.5, "max": 0.5, "std": None})
+    '0.500 (n=1)'
+    """
+    if not stats["n"]:
+        return "-"
+    if stats["n"] == 1:
+        return f"{fmt(stats['mean'])} (n=1)"
+    return (
+        f"{fmt(stats['mean'])} ({fmt(stats['min'])}-{fmt(stats['max'])}, "
+        f"sd {fmt(stats['std'])}, n={stats['n']})"
+    )
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+    ]
+
+
+def results_markdown(results: dict[str, Any], title: str) -> str:
+    """The whole ``results.md``."""
+    arms: dict[str, Any] = results["arms"]
+    steps = sorted({p["step"] for a in arms.values() for p in a["heldout"]})
+    lines = [f"# {title}", ""]
+    lines += ["## Held-out accuracy by step (mean over seeds; min-max, sd, n)", ""]
+    lines += ["Step 0 is the base model, evaluated once; it is every arm's starting point.", ""]
+    by_step = {arm: {p["step"]: p for p in a["heldout"]} for arm, a in arms.items()}
+    lines += table(
+        ["arm", *(f"step {s}" for s in steps)],
+        [
+            [arm, *(cell(by_step[arm][s]) if s in by_step[arm] else "-" for s in steps)]
+            for arm in arms
+        ],
+    )
+    window = results["train_window"]
+    lines += ["## Per arm", ""]
+    lines += table(
+        [
+            "arm",
+            "seeds",
+            "final held-out",
+            f"training accuracy (last {window} steps)",
+            "wall s/run",
+        ],
+        [
+            [
+                arm,
+                ", ".join(map(str, a["seeds"])),
+                cell(a["final"]),
+                cell(a["train_accuracy"]),
+                fmt(a["wall_s"]["mean"], 0),
+            ]
+            for arm, a in arms.items()
+        ],
+    )
+    coached = {arm: a["coach"] for arm, a in arms.items() if a["coach"]}
+    if coached:
+        lines += [f"## Coach scores 0-10 (first {window} steps -> last {window})", ""]
+        rows = [
+            [arm, agent, cell(s["start"]), cell(s["end"])]
+            for arm, per_agent in coached.items()
+            for agent, s in per_agent.items()
+        ]
+        lines += table(["arm", "agent", "start", "end"], rows)
+    keys = list(dict.fromkeys(k for a in arms.values() for k in a["behaviour"]))
+    if keys:
+        lines += ["## Behaviour on the held-out set (final evaluation; base model beside)", ""]
+        rows = []
+        for key in keys:
+            present = [a["behaviour"][key] for a in arms.values() if key in a["behaviour"]]
+            base = fmt(present[0]["base"]) if present else "-"
+            values = [
+                cell(a["behaviour"][key]) if key in a["behaviour"] else "-" for a in arms.values()
+            ]
+            rows.append([key, base, *values])
+        lines += table(["metric", "base", *arms], rows)
+    lines += [
+        "## Comparison of final held-out accuracy",
+        "",
+        f"Rule: {results['verdict_rule']}.",
+        "",
+    ]
+    lines += table(
+        ["A", "B", "A - B", "spread", "verdict"],
+        [
+            [c["a"], c["b"], fmt(c["diff"]), fmt(c["spread"]), c["verdict"]]
+            for c in results["comparisons"]
+        ],
+    )
+    return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""The results table of an experiment: pure functions of the runs' metrics lines.
+
+Every number is a statistic over seeds: ``n`` (seeds that have the value), ``mean``,
+``min``, ``max`` and ``std`` (sample standard deviation; null below 2 seeds). A gap between
+two arms is called a difference only when it is larger than the seeds' spread (``VERDICT_RULE``):
+with a handful of seeds a min-max range is the honest yardstick, and anything inside it is
+noise as far as this experiment can tell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from statistics import mean, stdev
+from typing import Any
+
+TRAIN_WINDOW = 5
+"""Training-rollout accuracy and coach scores are averaged over this many steps (the first
+and the last), so one lucky batch does not make the number."""
+
+VERDICT_RULE = (
+    "a gap counts as a difference only when |mean A - mean B| of the final held-out accuracy "
+    "is larger than the larger of the two arms' seed ranges (max - min over seeds), and each "
+    "arm has at least 2 seeds with a final evaluation"
+)
+
+NOT_BEHAVIOUR = frozenset({"accuracy", "tasks", "samples", "temperature", "graded"})
+"""Held-out keys that are not behaviour: accuracy (reported as such) and bookkeeping."""
+
+Metrics = Mapping[str, Any]
+Stats = dict[str, Any]
+
+
+@dataclass
+class RunRecord:
+    """One run of an arm: its seed, its ``metrics.jsonl`` lines, its wall time."""
+
+    arm: str
+    seed: int
+    metrics: Sequence[Metrics]
+    wall_s: float | None = None
+    agents: Sequence[str] = field(default_factory=tuple)
+
+
+def spread(values: Sequence[float | None]) -> Stats:
+    """n, mean, min, max and sample std of the values present (``None`` ones left out).
+
+    >>> spread([0.25, None, 0.5])
+    {'n': 2, 'mean': 0.375, 'min': 0.25, 'max': 0.5, 'std': 0.1767766952966369}
+    >>> spread([0.5])["std"], spread([])["mean"]
+    (None, None)
+    """
+    present = [float(v) for v in values if v is not None]
+    if not present:
+        return {"n": 0, "mean": None, "min": None, "max": None, "std": None}
+    return {
+        "n": len(present),
+        "mean": mean(present),
+        "min": min(present),
+        "max": max(present),
+        "std": stdev(present) if len(present) > 1 else None,
+    }
+
+
+def eval_lines(metrics: Sequence[Metrics]) -> list[Metrics]:
+    """The step lines that carry a held-out evaluation."""
+    return [m for m in metrics if m.get("eval/accuracy") is not None]
+
+
+def _window_mean(metrics: Sequence[Metrics], key: str, last: bool) -> float | None:
+    values = [m[key] for m in metrics if m.get(key) is not None]
+    window = values[-TRAIN_WINDOW:] if last else values[:TRAIN_WINDOW]
+    return mean(window) if window else None
+
+
+def heldout_curve(runs: Sequence[RunRecord], base_accuracy: float | None) -> list[Stats]:
+    """Held-out accuracy at each eval point: the base model at step 0, then each eval,
+    by steps done (the eval after step index ``i`` is at ``i + 1``)."""
+    points: dict[int, list[float | None]] = {}
+    for run in runs:
+        for m in eval_lines(run.metrics):
+            points.setdefault(int(m["step"]) + 1, []).append(m["eval/accuracy"])
+    curve = [{"step": 0, **spread([base_accuracy])}] if base_accuracy is not None else []
+    return curve + [{"step": s, **spread(v)} for s, v in sorted(points.items())]
+
+
+def _final(run: RunRecord) -> Metrics | None:
+    lines = eval_lines(run.metrics)
+    return lines[-1] if lines else None
+
+
+def behaviour(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, Stats]:
+    """Each numeric held-out behaviour metric (``agent_metrics``' keys, pass@k) at the final
+    evaluation, over seeds, with the base model's value beside it."""
+    keys: list[str] = []
+    finals = [f for f in map(_final, runs) if f is not None]
+    for f in finals:
+        for key, value in f.items():
+            name = key.removeprefix("eval/")
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            if key.startswith("eval/") and numeric and not _bookkeeping(name) and name not in keys:
+                keys.append(name)
+    return {
+        k: {"base": (base or {}).get(k), **spread([f.get(f"eval/{k}") for f in finals])}
+        for k in keys
+    }
+
+
+def _bookkeeping(name: str) -> bool:
+    return name in NOT_BEHAVIOUR or name.startswith("avg@")
+
+
+def arm_summary(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, Any]:
+    """One arm's numbers over its seeds (``runs``: its runs, one per seed)."""
+    agents = list(dict.fromkeys(a for r in runs for a in r.agents))
+    finals = [_final(r) for r in runs]
+    coach = {
+        agent: {
+            "start": spread([_window_mean(r.metrics, f"coach/{agent}", last=False) for r in runs]),
+            "end": spread([_window_mean(r.metrics, f"coach/{agent}", last=True) for r in runs]),
+        }
+        for agent in agents
+        if any(m.get(f"coach/{agent}") is not None for r in runs for m in r.metrics)
+    }
+    return {
+        "seeds": [r.seed for r in runs],
+        "heldout": heldout_curve(runs, None if base is None else base.get("accuracy")),
+        "final": spread([None if f is None else f["eval/accuracy"] for f in finals]),
+        "train_accuracy": spread([_window_mean(r.metrics, "accuracy", last=True) for r in runs]),
+        "coach": coach,
+        "behaviour": behaviour(runs, base),
+        "wall_s": spread([r.wall_s for r in runs]),
+        "runs": {
+            f"{r.arm}-s{r.seed}": {
+                "steps": len(r.metrics),
+                "final": None if f is None else f["eval/accuracy"],
+                "train_accuracy": _window_mean(r.metrics, "accuracy", last=True),
+                "wall_s": r.wall_s,
+            }
+            for r, f in zip(runs, finals, strict=True)
+        },
+    }
+
+
+def verdict(a: str, sa: Stats, b: str, sb: Stats) -> dict[str, Any]:
+    """Arm ``a``'s final accuracy minus ``b``'s, and whether that is a difference
+    (``VERDICT_RULE``).
+
+    >>> v = verdict("p", spread([0.5, 0.6]), "o", spread([0.2, 0.25]))
+    >>> round(v["diff"], 3), round(v["spread"], 3), v["verdict"]
+    (0.325, 0.1, 'p > o')
+    >>> verdict("p", spread([0.5, 0.6]), "o", spread([0.45, 0.5]))["verdict"]
+    'no difference within the seeds spread'
+    >>> verdict("p", spread([0.5]), "o", spread([0.1]))["verdict"]
+    'undecided: fewer than 2 seeds'
+    """
+    out: dict[str, Any] = {"a": a, "b": b, "diff": None, "spread": None}
+    if sa["n"] == 0 or sb["n"] == 0:
+        return out | {"verdict": "undecided: no final held-out accuracy"}
+    out["diff"] = sa["mean"] - sb["mean"]
+    out["spread"] = max(sa["max"] - sa["min"], sb["max"] - sb["min"])
+    if sa["n"] < 2 or sb["n"] < 2:
+        return out | {"verdict": "undecided: fewer than 2 seeds"}
+    if abs(out["diff"]) <= out["spread"]:
+        return out | {"verdict": "no difference within the seeds spread"}
+    return out | {"verdict": f"{a} > {b}" if out["diff"] > 0 else f"{a} < {b}"}
+
+
+def summarize(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, Any]:
+    """``results.json``: per arm (in the order first seen) its summary, then every pair of
+    arms compared on final held-out accuracy. ``base``: the base model's held-out metrics
+    (``eval.json``), the step-0 point of every arm; ``None`` if it was not evaluated."""
+    arms: dict[str, list[RunRecord]] = {}
+    for run in runs:
+        arms.setdefault(run.arm, []).append(run)
+    summary = {arm: arm_summary(rs, base) for arm, rs in arms.items()}
+    return {
+        "base": None if base is None else {"accuracy": base.get("accuracy")},
+        "train_window": TRAIN_WINDOW,
+        "verdict_rule": VERDICT_RULE,
+        "arms": summary,
+        "comparisons": [
+            verdict(a, summary[a]["final"], b, summary[b]["final"])
+            for a, b in combinations(summary, 2)
+        ],
+    }

@@ -1,0 +1,281 @@
+"""``mappa experiment CONFIG``: every arm x seed as an ordinary run, one after another, each
+in a child process, then the results table, the plot and the overlay report.
+
+A child process per run returns its memory to the system between runs and keeps one run's
+crash from taking the others with it unseen: a failing run stops the experiment, naming its
+log. Rerunning the same command resumes: finished runs (their final checkpoint present) are
+skipped, an interrupted one continues with ``mappa train --resume``, the base model's
+evaluation is kept. Layout of ``<out>``::
+
+    configs/<arm>-s<seed>.yaml   each run's resolved config (`mappa train --config` reruns it)
+    runs/<arm>-s<seed>/          each run's dir (metrics.jsonl, episodes, checkpoints, ...)
+    base/eval.json               the base model on the held-out set: step 0 of every arm
+    logs/<name>.log              each child process's output
+    timings.jsonl                wall time of every child process
+    results.json, results.md, heldout_accuracy.png, report/index.html
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from mappa.experiment.results import RunRecord, summarize
+from mappa.experiment.spec import ExperimentError, RunSpec, load_experiment, plan_runs
+from mappa.jsonl import append_jsonl, read_jsonl
+
+if TYPE_CHECKING:
+    from mappa.coach.servers import LocalServer
+
+log = logging.getLogger(__name__)
+
+POLL_S = 2.0
+"""How often the parent looks at a running child's metrics.jsonl for progress."""
+
+
+def default_out(experiment_file: Path) -> Path:
+    return Path("runs") / "experiments" / experiment_file.stem
+
+
+def _clock(seconds: float) -> str:
+    """``1h02m03s``-style wall time.
+
+    >>> _clock(3723.4), _clock(59)
+    ('1h02m03s', '0m59s')
+    """
+    minutes, s = divmod(int(seconds), 60)
+    h, m = divmod(minutes, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def run_state(run: RunSpec) -> str:
+    """``done`` (its final checkpoint is there), ``resume`` (an earlier one is), or ``new``."""
+    from mappa.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run.config.run_dir)
+    if ckpt is None:
+        return "new"
+    step = json.loads((ckpt / "checkpoint.json").read_text())["step"]
+    return "done" if step >= run.config.train.steps else "resume"
+
+
+def _check_runnable(runs: Sequence[RunSpec]) -> None:
+    """What ``mappa train`` would refuse, found before the first run starts: per arm the
+    model-free checks (``factory.check``), per started run that its config still resumes."""
+    from mappa import factory
+    from mappa.checkpoint import check_resumable
+
+    for arm in dict.fromkeys(r.arm for r in runs):
+        run = next(r for r in runs if r.arm == arm)
+        try:
+            factory.check(run.config)
+        except ValueError as err:
+            raise ExperimentError(f"arm {arm!r}: {err}") from None
+    for run in runs:
+        if run_state(run) == "resume":
+            try:
+                check_resumable(run.config.run_dir, run.config)
+            except ValueError as err:
+                raise ExperimentError(f"{run.name} cannot resume: {err}") from None
+
+
+class Experiment:
+    """One invocation of an experiment: its runs, where they go, its coach server."""
+
+    def __init__(
+        self, experiment_file: Path, out: Path | None = None, overrides: list[str] | None = None
+    ) -> None:
+        from mappa.report.charts import require_matplotlib
+
+        require_matplotlib()  # the plot and report come last: fail before any run, not after
+        self.file = experiment_file
+        self.spec = load_experiment(experiment_file, overrides)
+        self.out = out or default_out(experiment_file)
+        self.server = self._server()
+        url = None if self.server is None else self.server.base_url
+        self.runs = plan_runs(self.spec, experiment_file, self.out, url)
+        _check_runnable(self.runs)
+
+    def _server(self) -> LocalServer | None:
+        s = self.spec.coach_server
+        if s is None:
+            return None
+        from mappa.coach.servers import make_server
+
+        try:
+            return make_server(
+                s.server, s.model, s.max_model_len, s.threads, s.kv_cache_gib, s.port
+            )
+        except (ValueError, OSError) as err:
+            raise ExperimentError(f"{self.file}: coach_server: {err}") from None
+
+    def config_path(self, run: RunSpec) -> Path:
+        return self.out / "configs" / f"{run.name}.yaml"
+
+    def write_configs(self) -> None:
+        for run in self.runs:
+            path = self.config_path(run)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(yaml.safe_dump(run.config.model_dump(mode="json"), sort_keys=False))
+
+    def run(self) -> Path:
+        """Everything, from nothing (or from where the last invocation stopped) to the
+        results; returns ``results.md``. Raises ``ExperimentError`` for a failed run."""
+        start = time.monotonic()
+        self.write_configs()
+        try:
+            self.evaluate_base()
+            for i, run in enumerate(self.runs, 1):
+                self.train(run, f"[{i}/{len(self.runs)}] {run.name}")
+        finally:
+            if self.server is not None:
+                self.server.stop()
+        page = self.write_results()
+        print(f"experiment done in {_clock(time.monotonic() - start)}: {page}", flush=True)
+        return page
+
+    def evaluate_base(self) -> None:
+        """The base model on the held-out set, greedy or sampled exactly as the runs' eval."""
+        base = self.out / "base"
+        if (base / "eval.json").is_file():
+            print(f"base model: evaluated already ({base / 'eval.json'})", flush=True)
+            return
+        print("base model: held-out evaluation", flush=True)
+        args = ["eval", "--config", str(self.config_path(self.runs[0])), "--out", str(base)]
+        self._child("base", "eval", args, "base model")
+
+    def train(self, run: RunSpec, label: str) -> None:
+        """Train one run (or resume it, or skip it when finished)."""
+        state = run_state(run)
+        if state == "done":
+            print(f"{label}: finished already", flush=True)
+            return
+        run_dir = run.config.run_dir
+        if state == "new" and run_dir.exists():  # started, but no step was checkpointed
+            log.warning("%s: no checkpoint in %s; starting it over", run.name, run_dir)
+            shutil.rmtree(run_dir)
+        if run.config.rl.needs_coach and self.server is not None and self.server.proc is None:
+            print(f"coach server ({self.server.name}): starting; log {self.server.log}", flush=True)
+            self.server.start()
+        args = ["train", "--config", str(self.config_path(run))]
+        if state == "resume":
+            args += ["--resume", str(run_dir)]
+        action = "resume" if state == "resume" else "train"
+        self._child(
+            run.name, action, args, label, (run_dir / "metrics.jsonl", run.config.train.steps)
+        )
+
+    def _child(
+        self,
+        name: str,
+        action: str,
+        args: list[str],
+        label: str,
+        progress: tuple[Path, int] | None = None,
+    ) -> None:
+        """Run ``mappa <args>`` in a child process, showing its progress; record its wall
+        time; raise ``ExperimentError`` with its log when it fails. ``progress``: the run's
+        metrics.jsonl and its step count, to show each step as it ends."""
+        logfile = self.out / "logs" / f"{name}.log"
+        logfile.parent.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        with logfile.open("a") as fh:
+            fh.write(f"\n$ mappa {' '.join(args)}\n")
+            fh.flush()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mappa.cli", *args], stdout=fh, stderr=subprocess.STDOUT
+            )
+            try:
+                self._watch(proc, label, start, progress)
+            except BaseException:  # Ctrl-C: the child is in our process group; make sure
+                proc.terminate()
+                proc.wait()
+                raise
+        wall = time.monotonic() - start
+        append_jsonl(
+            self.out / "timings.jsonl",
+            [{"run": name, "action": action, "wall_s": wall, "rc": proc.returncode}],
+        )
+        if proc.returncode != 0:
+            tail = "\n".join(logfile.read_text(errors="replace").splitlines()[-15:])
+            raise ExperimentError(
+                f"{label} failed (exit {proc.returncode}) after {_clock(wall)}; log: {logfile}\n"
+                f"{tail}"
+            )
+        print(f"{label}: done in {_clock(wall)}", flush=True)
+
+    @staticmethod
+    def _watch(
+        proc: subprocess.Popen[bytes],
+        label: str,
+        start: float,
+        progress: tuple[Path, int] | None,
+    ) -> None:
+        """Wait for ``proc``, printing a line each time the run finishes a step."""
+        seen, done = 0, False
+        while not done:
+            try:
+                proc.wait(timeout=POLL_S)
+                done = True
+            except subprocess.TimeoutExpired:
+                pass
+            if progress is None or not progress[0].is_file():
+                continue
+            lines = read_jsonl(progress[0])
+            if len(lines) == seen:
+                continue
+            seen = len(lines)
+            acc, heldout = lines[-1].get("accuracy"), lines[-1].get("eval/accuracy")
+            shown = "" if heldout is None else f" held-out {heldout:.3f}"
+            print(
+                f"{label}: step {seen}/{progress[1]} accuracy "
+                f"{'-' if acc is None else f'{acc:.3f}'}{shown} "
+                f"({_clock(time.monotonic() - start)})",
+                flush=True,
+            )
+
+    def records(self) -> list[RunRecord]:
+        """Each run's metrics lines and wall time (summed over its child processes)."""
+        timings = (
+            read_jsonl(self.out / "timings.jsonl") if (self.out / "timings.jsonl").is_file() else []
+        )
+        out = []
+        for run in self.runs:
+            metrics = run.config.run_dir / "metrics.jsonl"
+            walls = [t["wall_s"] for t in timings if t["run"] == run.name]
+            out.append(
+                RunRecord(
+                    run.arm,
+                    run.seed,
+                    read_jsonl(metrics) if metrics.is_file() else [],
+                    sum(walls) if walls else None,
+                    [a.name for a in run.config.agents],
+                )
+            )
+        return out
+
+    def write_results(self) -> Path:
+        """``results.json``, ``results.md``, the plot and the overlay report."""
+        from mappa.experiment.markdown import results_markdown
+        from mappa.experiment.plot import plot_heldout
+        from mappa.report.html import write_report
+
+        base_file = self.out / "base" / "eval.json"
+        base = json.loads(base_file.read_text()) if base_file.is_file() else None
+        results = summarize(self.records(), base)
+        title = f"Experiment {self.file.stem}"
+        (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        page = self.out / "results.md"
+        page.write_text(results_markdown(results, title) + "\n")
+        plot_heldout(results, self.out / "heldout_accuracy.png", title)
+        write_report([r.config.run_dir for r in self.runs], self.out / "report")
+        return page

@@ -1,0 +1,264 @@
+"""An experiment file, validated, and the runs it stands for.
+
+An experiment compares *arms* (lists of ``key=value`` overrides of one base run config) over
+*seeds*. Every arm x seed is an ordinary run, so its whole config is resolved here, before
+anything runs: a typo in any arm fails at once, naming the arm, and the comparison's
+fairness is checked on the resolved configs (same tasks, same held-out evaluation, same
+rollout budget) rather than trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mappa.config import ConfigError, RunConfig, load_config
+
+log = logging.getLogger(__name__)
+
+OWNED_KEYS = ("seed", "run_dir", "tasks.seed")
+"""Keys the experiment sets for every run; an arm or the common overrides may not."""
+
+
+class ExperimentError(ValueError):
+    """An experiment that cannot run (bad file, unfair arms) or a run of it that failed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class CoachServerSpec(_Strict):
+    """A local OpenAI-compatible coach server the experiment starts once for the arms that
+    ask a coach (``mappa.coach.servers``; the same options as ``mappa coach-serve``)."""
+
+    server: Literal["llamacpp", "vllm"] = Field(
+        "llamacpp", description="llamacpp: a GGUF, one request at a time; vllm: batches."
+    )
+    model: str = Field(
+        ..., description="pypi:<package>, a GGUF file (llamacpp) or a model directory (vllm)."
+    )
+    max_model_len: int = Field(4096, ge=256, description="The server's context length.")
+    threads: int = Field(1, ge=1, description="llamacpp: decoding threads.")
+    kv_cache_gib: float = Field(1.0, gt=0.0, description="vllm: KV cache size, GiB.")
+    port: int | None = Field(None, ge=1, le=65535, description="null: a free port.")
+
+
+class ExperimentConfig(_Strict):
+    """The experiment file: a base run config, overrides common to all arms, seeds, arms."""
+
+    base: str = Field(
+        ...,
+        description="The run config every arm starts from: a path relative to the experiment "
+        "file, or the name of a config shipped with mappa (e.g. `mathchat_cpu`).",
+    )
+    overrides: list[str] = Field(
+        default_factory=list, description="`key=value` overrides applied to every arm."
+    )
+    seeds: list[int] = Field(..., min_length=1, description="Each arm runs once per seed.")
+    arms: dict[str, list[str]] = Field(
+        ..., min_length=1, description="Arm name -> its `key=value` overrides."
+    )
+    coach_server: CoachServerSpec | None = Field(
+        None, description="Start this coach server for the arms that ask a coach."
+    )
+
+    @field_validator("overrides")
+    @classmethod
+    def _common_overrides(cls, overrides: list[str]) -> list[str]:
+        _refuse_owned(overrides, "overrides")
+        return overrides
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds repeat: {seeds}")
+        return seeds
+
+    @field_validator("arms")
+    @classmethod
+    def _arm_names(cls, arms: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, overrides in arms.items():
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", name):
+                raise ValueError(f"arm {name!r}: names are lower case, digits, _ . -")
+            _refuse_owned(overrides, f"arm {name!r}")
+        return arms
+
+
+def _refuse_owned(overrides: list[str], where: str) -> None:
+    owned = [o for o in overrides if o.split("=", 1)[0].strip() in OWNED_KEYS]
+    if owned:
+        raise ValueError(f"{where}: {owned} are set by the experiment")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One arm x seed: its name (``<arm>-s<seed>``) and its fully resolved config."""
+
+    arm: str
+    seed: int
+    config: RunConfig
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}-s{self.seed}"
+
+
+def shipped_configs() -> Path:
+    """The configs shipped inside the package (``configs/`` in the repo links to it)."""
+    return Path(str(resources.files("mappa") / "configs"))
+
+
+def base_config_path(base: str, experiment_file: Path) -> Path:
+    """``base`` relative to the experiment file, else a shipped config by name."""
+    relative = experiment_file.parent / base
+    if relative.is_file():
+        return relative
+    shipped = shipped_configs() / f"{base.removesuffix('.yaml')}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = sorted(p.stem for p in shipped_configs().glob("*.yaml"))
+    raise ExperimentError(
+        f"{experiment_file}: base {base!r} is neither a file next to it ({relative}) nor a "
+        f"shipped config {names}"
+    )
+
+
+def load_experiment(path: Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read and validate an experiment file; errors name the file and the key.
+
+    ``overrides`` (``key=value``, e.g. from the command line) are added to the file's common
+    ``overrides``, after them.
+    """
+    if not path.is_file():
+        raise ExperimentError(f"{path}: experiment file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ExperimentError(f"{path}: not valid YAML: {err}") from err
+    if overrides and isinstance(raw, dict):
+        raw["overrides"] = [*(raw.get("overrides") or []), *overrides]
+    try:
+        spec = ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        lines = [f"{path}: invalid experiment"]
+        for e in err.errors():
+            key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+            lines.append(
+                f"  {key}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}"
+            )
+        raise ExperimentError("\n".join(lines)) from None
+    if len(spec.seeds) == 1:
+        log.warning("%s: one seed per arm: no spread, so no difference can be called", path)
+    return spec
+
+
+def _load(path: Path, overrides: list[str], arm: str) -> RunConfig:
+    try:
+        return load_config(path, overrides)
+    except ConfigError as err:
+        raise ExperimentError(f"arm {arm!r}: {err}") from None
+
+
+def plan_runs(
+    spec: ExperimentConfig, experiment_file: Path, out: Path, coach_url: str | None = None
+) -> list[RunSpec]:
+    """Every arm x seed's resolved config, arm by arm; raises ``ExperimentError`` naming the
+    arm for an override the run config refuses, and for arms that are not comparable.
+
+    Each run gets ``seed``, ``run_dir = <out>/runs/<arm>-s<seed>`` and ``tasks.seed`` (the
+    base's task seed, so every seed sees the same problems). With ``coach_url`` (a coach
+    server the experiment runs), arms that ask a coach are pointed at it.
+    """
+    base = base_config_path(spec.base, experiment_file)
+    task_seed = _load(base, spec.overrides, "(common overrides)").task_seed
+    runs = []
+    for arm, arm_overrides in spec.arms.items():
+        for seed in spec.seeds:
+            overrides = [
+                *spec.overrides,
+                f"tasks.seed={task_seed}",
+                *arm_overrides,
+                f"seed={seed}",
+                f"run_dir={out / 'runs' / f'{arm}-s{seed}'}",
+            ]
+            cfg = _load(base, overrides, arm)
+            if coach_url is not None and cfg.rl.needs_coach:
+                cfg = _load(base, [*overrides, *http_coach_overrides(coach_url)], arm)
+            runs.append(RunSpec(arm, seed, cfg))
+    check_comparable(runs)
+    return runs
+
+
+def http_coach_overrides(base_url: str) -> list[str]:
+    """What points a run's coach at an experiment's coach server."""
+    from mappa.coach.servers import SERVED_MODEL
+
+    return [
+        "coach.backend=http",
+        f"coach.http.base_url={base_url}",
+        f"coach.http.model={SERVED_MODEL}",
+    ]
+
+
+def budget(cfg: RunConfig) -> int:
+    """Episodes a run samples for training: steps x prompts_per_step x samples_per_prompt."""
+    t = cfg.train
+    return t.steps * t.prompts_per_step * t.samples_per_prompt
+
+
+def heldout_signature(cfg: RunConfig) -> dict[str, Any]:
+    """What makes two runs' held-out evaluations the same: the problems, how they are
+    sampled and graded, and when."""
+    from mappa.evaluation import heldout_tasks
+
+    e = cfg.eval
+    return {
+        "tasks": [(t.task_id, t.prompt, t.answer) for t in heldout_tasks(cfg)],
+        "samples": e.samples,
+        "temperature": e.temperature,
+        "every": e.every,
+        "answer_format": cfg.tasks.answer_format,
+    }
+
+
+def check_comparable(runs: list[RunSpec]) -> None:
+    """Refuse arms that are not a fair comparison: held-out eval off, different held-out
+    evaluations, different training problems, or different rollout budgets."""
+    from mappa.evaluation import training_tasks
+
+    off = sorted({r.arm for r in runs if not r.config.eval.every})
+    if off:
+        raise ExperimentError(f"arms {off}: held-out eval is off; set eval.every > 0")
+    budgets = {r.arm: budget(r.config) for r in runs}
+    if len(set(budgets.values())) > 1:
+        raise ExperimentError(
+            "arms differ in rollout budget (train.steps x prompts_per_step x "
+            f"samples_per_prompt): {budgets}"
+        )
+    first = runs[0]
+    try:
+        reference = heldout_signature(first.config)
+        train_ids = [t.prompt for t in training_tasks(first.config)]
+    except (ValueError, OSError) as err:  # a task file missing or malformed
+        raise ExperimentError(f"arm {first.arm!r}: {err}") from None
+    for run in runs[1:]:
+        try:
+            signature = heldout_signature(run.config)
+        except (ValueError, OSError) as err:
+            raise ExperimentError(f"arm {run.arm!r}: {err}") from None
+        if signature != reference:
+            diff = sorted(k for k in reference if reference[k] != signature[k])
+            raise ExperimentError(
+                f"runs {first.name} and {run.name} differ in their held-out evaluation ({diff})"
+            )
+        if [t.prompt for t in training_tasks(run.config)] != train_ids:
+            raise ExperimentError(f"runs {first.name} and {run.name} train on different problems")

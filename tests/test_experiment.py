@@ -1,0 +1,315 @@
+"""``mappa experiment``: the results math on fabricated metrics lines, the experiment file's
+validation, and a tiny real experiment end to end (3 arms x 2 seeds x 2 steps)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import textwrap
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+import pytest
+import yaml
+from conftest import tiny_run_config
+
+from mappa.experiment import ExperimentError
+from mappa.experiment.markdown import results_markdown
+from mappa.experiment.results import TRAIN_WINDOW, RunRecord, summarize
+from mappa.experiment.spec import load_experiment, plan_runs
+
+AGENTS = ("problem_solver", "code_executor", "verifier")
+
+
+# ----------------------------------------------------------------- results (pure)
+def fake_metrics(
+    accuracies: list[float], heldout: dict[int, float], coach: float | None = None
+) -> list[dict[str, Any]]:
+    """Fabricated metrics.jsonl lines: training accuracy per step, held-out accuracy (and a
+    fake behaviour key) at the given step indices, a coach score for every agent if given."""
+    lines: list[dict[str, Any]] = []
+    for step, acc in enumerate(accuracies):
+        line: dict[str, Any] = {"step": step, "accuracy": acc}
+        if coach is not None:
+            line.update({f"coach/{a}": coach + step for a in AGENTS})
+        if step in heldout:
+            line.update(
+                {
+                    "eval/accuracy": heldout[step],
+                    "eval/tasks": 4,
+                    "eval/avg@1": heldout[step],
+                    "eval/format_rate/verifier": 0.5 + step / 100,
+                }
+            )
+        lines.append(line)
+    return lines
+
+
+FAKE_BASE = {"accuracy": 0.25, "tasks": 4, "format_rate/verifier": 0.4}
+
+
+def test_results_table_over_seeds_and_verdicts() -> None:
+    runs = [
+        RunRecord(
+            "process", 0, fake_metrics([0.1] * 6 + [0.5] * 5, {4: 0.5, 10: 0.75}, 5.0), 10.0, AGENTS
+        ),
+        RunRecord("process", 1, fake_metrics([0.3] * 11, {4: 0.25, 10: 0.5}, 6.0), 30.0, AGENTS),
+        RunRecord("outcome", 0, fake_metrics([0.0] * 11, {4: 0.0, 10: 0.0}), 8.0, AGENTS),
+        RunRecord("outcome", 1, fake_metrics([0.2] * 11, {4: 0.25, 10: 0.25}), 12.0, AGENTS),
+    ]
+    results = summarize(runs, FAKE_BASE)
+    process, outcome = results["arms"]["process"], results["arms"]["outcome"]
+    assert [p["step"] for p in process["heldout"]] == [0, 5, 11]  # base, then steps done
+    assert process["heldout"][0] == {
+        "step": 0,
+        "n": 1,
+        "mean": 0.25,
+        "min": 0.25,
+        "max": 0.25,
+        "std": None,
+    }
+    assert process["heldout"][1]["mean"] == 0.375 and process["heldout"][2]["n"] == 2
+    assert process["final"]["mean"] == 0.625
+    assert (process["final"]["min"], process["final"]["max"]) == (0.5, 0.75)
+    assert process["final"]["std"] == pytest.approx(0.1767767)
+    assert TRAIN_WINDOW == 5
+    assert process["train_accuracy"]["mean"] == pytest.approx(mean([0.5, 0.3]))
+    assert process["coach"]["verifier"]["start"]["mean"] == pytest.approx(
+        mean([7.0, 8.0])
+    )  # 5+2, 6+2
+    assert process["coach"]["verifier"]["end"]["mean"] == pytest.approx(mean([13.0, 14.0]))
+    assert outcome["coach"] == {}  # no coach asked, no coach rows
+    fmt = process["behaviour"]["format_rate/verifier"]
+    assert fmt["base"] == 0.4 and fmt["mean"] == pytest.approx(0.6)
+    assert set(process["behaviour"]) == {"format_rate/verifier"}  # bookkeeping left out
+    assert process["wall_s"]["mean"] == 20.0
+    assert process["runs"]["process-s1"] == {
+        "steps": 11,
+        "final": 0.5,
+        "train_accuracy": 0.3,
+        "wall_s": 30.0,
+    }
+    [comparison] = results["comparisons"]
+    assert comparison["diff"] == pytest.approx(0.5) and comparison["spread"] == 0.25
+    assert comparison["verdict"] == "process > outcome"
+    page = results_markdown(results, "fake")
+    assert "| process | 0.250 (n=1) | 0.375 (0.250-0.500, sd 0.177, n=2) |" in page
+    assert "| process | outcome | 0.500 | 0.250 | process > outcome |" in page
+
+
+def test_results_degenerate_one_seed_and_an_arm_without_eval() -> None:
+    runs = [
+        RunRecord("process", 0, fake_metrics([0.5, 0.5], {1: 0.5})),
+        RunRecord("silent", 0, fake_metrics([0.0, 0.0], {})),  # no eval line at all
+    ]
+    results = summarize(runs, None)  # the base model not evaluated either
+    process, silent = results["arms"]["process"], results["arms"]["silent"]
+    assert process["heldout"] == [
+        {"step": 2, "n": 1, "mean": 0.5, "min": 0.5, "max": 0.5, "std": None}
+    ]
+    assert silent["heldout"] == [] and silent["final"]["n"] == 0 and silent["behaviour"] == {}
+    assert silent["runs"]["silent-s0"]["final"] is None and silent["wall_s"]["mean"] is None
+    assert results["comparisons"][0]["verdict"] == "undecided: no final held-out accuracy"
+    one = summarize([runs[0], RunRecord("other", 0, fake_metrics([0.0], {0: 0.0}))], None)
+    assert one["comparisons"][0]["verdict"] == "undecided: fewer than 2 seeds"
+    assert one["comparisons"][0]["diff"] == 0.5
+    page = results_markdown(results, "fake")
+    assert "| silent | - |" in page and "## Coach scores" not in page
+
+
+# ----------------------------------------------------------------- the experiment file
+def _experiment(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+GOOD = """\
+    base: demo
+    overrides: [eval.every=1, eval.num_tasks=4, tasks.num_tasks=16]
+    seeds: [0, 1]
+    arms:
+      process: []
+      outcome_only: [rl.advantage=outcome_only]
+      grpo: [rl.advantage=grpo, rl.w_process=0, rl.w_outcome=1]
+"""
+
+
+def test_plan_resolves_every_arm_and_seed_on_the_same_tasks(tmp_path: Path) -> None:
+    path = _experiment(tmp_path, GOOD)
+    runs = plan_runs(load_experiment(path), path, tmp_path / "out", "http://127.0.0.1:9/v1")
+    assert [r.name for r in runs] == [
+        f"{a}-s{s}" for a in ("process", "outcome_only", "grpo") for s in (0, 1)
+    ]
+    assert {r.config.task_seed for r in runs} == {0}  # the base's seed, for every run seed
+    assert [r.config.seed for r in runs[:2]] == [0, 1]
+    assert runs[1].config.run_dir == tmp_path / "out" / "runs" / "process-s1"
+    # only the arm that asks a coach is pointed at the experiment's server
+    assert [r.config.coach.backend for r in runs] == ["http"] * 2 + ["local"] * 4
+    assert runs[0].config.coach.http.base_url == "http://127.0.0.1:9/v1"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"arms": {"process": ["rl.advantagee=grpo"]}},
+            "(?s)arm 'process': .*rl.advantagee: unknown key",
+        ),
+        ({"arms": {"process": ["seed=3"]}}, "set by the experiment"),
+        ({"arms": {"Bad Name": []}}, "names are lower case"),
+        ({"seeds": []}, "seeds: List should have at least 1 item"),
+        ({"seeds": [1, 1]}, "seeds repeat"),
+        ({"colour": "red"}, "colour: unknown key"),
+        ({"base": "nowhere"}, r"neither a file next to it .* nor a shipped config \[.*demo"),
+        ({"arms": {"a": [], "b": ["train.steps=7"]}}, "differ in rollout budget"),
+        ({"arms": {"a": [], "b": ["eval.num_tasks=5"]}}, "differ in their held-out evaluation"),
+        ({"arms": {"a": [], "b": ["eval.every=0"]}}, r"arms \['b'\]: held-out eval is off"),
+        ({"arms": {"a": [], "b": ["tasks.difficulty=2"]}}, "held-out evaluation"),
+        ({"coach_server": {"server": "llamacpp"}}, "coach_server.model: Field required"),
+    ],
+)
+def test_bad_experiments_are_refused_naming_the_problem(
+    tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    raw = yaml.safe_load(textwrap.dedent(GOOD)) | change
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ExperimentError, match=message):
+        plan_runs(load_experiment(path), path, tmp_path / "out")
+
+
+def test_command_line_overrides_reach_every_run_and_bad_files_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mappa.cli import main
+
+    path = _experiment(tmp_path, GOOD)
+    runs = plan_runs(load_experiment(path, ["rl.lr=0.002"]), path, tmp_path / "out")
+    assert {r.config.rl.lr for r in runs} == {0.002}
+    with pytest.raises(ExperimentError, match="overrides: .*set by the experiment"):
+        load_experiment(path, ["run_dir=elsewhere"])
+    bad = _experiment(tmp_path, GOOD.replace("rl.advantage=grpo", "rl.advantage=ppo"))
+    assert main(["experiment", str(bad), "--out", str(tmp_path / "out")]) == 2
+    assert "arm 'grpo'" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_one_seed_is_allowed_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = _experiment(tmp_path, GOOD.replace("[0, 1]", "[3]"))
+    with caplog.at_level(logging.WARNING):
+        runs = plan_runs(load_experiment(path), path, tmp_path / "out")
+    assert "one seed per arm" in caplog.text and len(runs) == 3
+
+
+def test_shipped_experiments_resolve(tmp_path: Path) -> None:
+    """Every experiment under configs/experiments/ names a base that resolves and arms that
+    are comparable (the shipped base configs' task files are the team's data: skipped here
+    when absent)."""
+    shipped = sorted(
+        (Path(__file__).resolve().parents[1] / "configs" / "experiments").glob("*.yaml")
+    )
+    assert shipped, "no shipped experiment"
+    for path in shipped:
+        spec = load_experiment(path)
+        assert len(spec.seeds) >= 2 and {"process", "outcome_only", "grpo"} <= set(spec.arms)
+        try:
+            runs = plan_runs(spec, path, tmp_path / path.stem)
+        except ExperimentError as err:
+            if "not found" in str(err) or "No such file" in str(err):
+                pytest.skip(f"{path.name}: its task files are not here ({err})")
+            raise
+        assert not any(r.config.rl.needs_coach for r in runs if r.arm != "process")
+
+
+def test_run_state_reads_the_newest_checkpoint(tmp_path: Path) -> None:
+    from mappa.experiment.runner import run_state
+
+    path = _experiment(tmp_path, GOOD)
+    run = plan_runs(load_experiment(path), path, tmp_path / "out")[0]
+    assert run_state(run) == "new"
+    for step, state in ((1, "resume"), (run.config.train.steps, "done")):
+        ckpt = run.config.run_dir / "checkpoints" / f"step-{step:06d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "checkpoint.json").write_text(json.dumps({"step": step}))
+        assert run_state(run) == state
+
+
+# ----------------------------------------------------------------- end to end
+@pytest.mark.integration
+def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mappa.cli import main
+    from mappa.config import load_config
+    from mappa.jsonl import read_jsonl
+    from mappa.workflow.records import read_episodes
+
+    base = tiny_run_config(tiny_model_dir, tmp_path / "unused")
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base.model_dump(mode="json")))
+    experiment = _experiment(
+        tmp_path,
+        """\
+        base: base.yaml
+        overrides: [eval.every=2, eval.num_tasks=2, train.prompts_per_step=1,
+                    train.tensorboard=false]
+        seeds: [0, 1]
+        arms:
+          process: []
+          outcome_only: [rl.advantage=outcome_only]
+          grpo: [rl.advantage=grpo, rl.w_process=0, rl.w_outcome=1]
+        """,
+    )
+    out = tmp_path / "out"
+    assert main(["experiment", str(experiment), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "[1/6] process-s0: step 1/2" in printed
+        and "[6/6] grpo-s1: step 2/2" in printed
+        and "experiment done in" in printed
+    )
+
+    names = [f"{a}-s{s}" for a in ("process", "outcome_only", "grpo") for s in (0, 1)]
+    results = json.loads((out / "results.json").read_text())
+    base_eval = json.loads((out / "base" / "eval.json").read_text())
+    heldout_ids = {tuple(t["task_id"] for t in base_eval["per_task"])}
+    for name in names:
+        run_dir = out / "runs" / name
+        arm, seed = name.rsplit("-s", 1)
+        cfg = load_config(out / "configs" / f"{name}.yaml")
+        assert (cfg.run_dir, cfg.seed, cfg.task_seed) == (run_dir, int(seed), 0)
+        metrics = read_jsonl(run_dir / "metrics.jsonl")
+        assert [m["step"] for m in metrics] == [0, 1]
+        summary = results["arms"][arm]["runs"][name]
+        assert summary["final"] == metrics[-1]["eval/accuracy"]
+        assert summary["train_accuracy"] == pytest.approx(mean(m["accuracy"] for m in metrics))
+        episodes = read_episodes(run_dir / "episodes.jsonl")
+        scored = [a.coach is not None for e in episodes for a in e.actions]
+        assert all(scored) if arm == "process" else not any(scored)  # no coach asked
+        assert ("coach/verifier" in metrics[0]) == (arm == "process")
+        heldout = read_episodes(run_dir / "heldout_episodes.jsonl")
+        assert {e.step for e in heldout} == {1}  # one eval, after the last step
+        heldout_ids.add(tuple(e.task_id for e in heldout))
+    assert len(heldout_ids) == 1  # the base and every run, at every eval: the same tasks
+    for arm in ("process", "outcome_only", "grpo"):
+        finals = [results["arms"][arm]["runs"][f"{arm}-s{s}"]["final"] for s in (0, 1)]
+        assert results["arms"][arm]["final"]["mean"] == pytest.approx(mean(finals))
+        curve = results["arms"][arm]["heldout"]
+        assert [p["step"] for p in curve] == [0, 2]
+        assert curve[0]["mean"] == base_eval["accuracy"]
+    assert bool(results["arms"]["process"]["coach"]) and not results["arms"]["grpo"]["coach"]
+    assert len(results["comparisons"]) == 3
+    assert "## Comparison of final held-out accuracy" in (out / "results.md").read_text()
+    assert (out / "heldout_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "report" / "index.html").is_file()
+
+    # the same command again: everything is there, nothing is trained or evaluated again
+    before = {n: (out / "runs" / n / "metrics.jsonl").read_bytes() for n in names}
+    timings = read_jsonl(out / "timings.jsonl")
+    assert len(timings) == 7
+    assert main(["experiment", str(experiment), "--out", str(out)]) == 0
+    assert "process-s0: finished already" in capsys.readouterr().out
+    assert {n: (out / "runs" / n / "metrics.jsonl").read_bytes() for n in names} == before
+    assert read_jsonl(out / "timings.jsonl") == timings
