@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mappa.report.charts import PALETTE, require_matplotlib
+from mappa.report.charts import LINESTYLES, PALETTE, require_matplotlib
 
 
 def plot_heldout(results: dict[str, Any], path: Path, title: str) -> Path:
@@ -23,12 +23,19 @@ def plot_heldout(results: dict[str, Any], path: Path, title: str) -> Path:
         colour = PALETTE[i % len(PALETTE)]
         steps = [p["step"] for p in points]
         seeds = len(summary["seeds"])
+        style = LINESTYLES[i % len(LINESTYLES)][0]  # arms that coincide stay visible
         ax.plot(
-            steps, [p["mean"] for p in points], marker="o", color=colour, label=f"{arm} (n={seeds})"
+            steps,
+            [p["mean"] for p in points],
+            marker="o",
+            color=colour,
+            linestyle=style,
+            label=f"{arm} (n={seeds})",
         )
         ax.fill_between(
             steps, [p["min"] for p in points], [p["max"] for p in points], color=colour, alpha=0.15
         )
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("training steps (0: base model)")
     ax.set_ylabel("held-out accuracy")
     ax.set_title(title)
