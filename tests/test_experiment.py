@@ -237,6 +237,108 @@ def test_run_state_reads_the_newest_checkpoint(tmp_path: Path) -> None:
         assert run_state(run) == state
 
 
+class FakeServer:
+    """Stands in for a coach server: records when it is started and stopped."""
+
+    name = "fake"
+    base_url = "http://127.0.0.1:9/v1"
+    log = Path("fake.log")
+
+    def __init__(self) -> None:
+        self.proc: object | None = None
+        self.events: list[str] = []
+
+    def start(self) -> FakeServer:
+        self.proc = object()
+        self.events.append("start")
+        return self
+
+    def stop(self) -> None:
+        self.events.append("stop")
+
+
+def _fake_experiment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: bool
+) -> tuple[Any, list[list[str]], FakeServer]:
+    """An Experiment whose child processes are recorded, not run (``FakeServer`` as its
+    coach server if ``server``); the model is a directory that only looks like one."""
+    from mappa.experiment.runner import Experiment
+
+    model = tmp_path / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    text = GOOD.replace("tasks.num_tasks=16]", f"tasks.num_tasks=16, model.path={model}]")
+    if server:
+        text += "    coach_server: {model: fake.gguf}\n"
+    fake = FakeServer()
+    monkeypatch.setattr("mappa.coach.servers.make_server", lambda *args: fake)
+    experiment = Experiment(_experiment(tmp_path, text), tmp_path / "out")
+    children: list[list[str]] = []
+    monkeypatch.setattr(
+        experiment, "_child", lambda name, action, args, *rest: children.append(args)
+    )
+    monkeypatch.setattr(experiment, "write_results", lambda: tmp_path / "out" / "results.md")
+    return experiment, children, fake
+
+
+def test_rerun_skips_finished_runs_resumes_started_ones_and_restarts_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    experiment, children, _ = _fake_experiment(tmp_path, monkeypatch, server=False)
+    process0, process1, outcome0, *_ = experiment.runs
+
+    def checkpoint(run: Any, step: int) -> None:
+        ckpt = run.config.run_dir / "checkpoints" / f"step-{step:06d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "checkpoint.json").write_text(json.dumps({"step": step}))
+        config = yaml.safe_dump(run.config.model_dump(mode="json"))
+        (run.config.run_dir / "config.yaml").write_text(config)
+
+    checkpoint(process0, process0.config.train.steps)  # finished
+    checkpoint(process1, 1)  # interrupted after its first step
+    (outcome0.config.run_dir).mkdir(parents=True)  # killed before its first checkpoint
+    (outcome0.config.run_dir / "episodes.jsonl").write_text("{}\n")
+    (tmp_path / "out" / "base").mkdir(parents=True)
+    (tmp_path / "out" / "base" / "eval.json").write_text("{}")  # evaluated already
+    experiment.run()
+    configs = tmp_path / "out" / "configs"
+    assert children[0] == [
+        "train",
+        "--config",
+        str(configs / "process-s1.yaml"),
+        "--resume",
+        str(process1.config.run_dir),
+    ]
+    assert children[1] == ["train", "--config", str(configs / "outcome_only-s0.yaml")]
+    assert not (outcome0.config.run_dir / "episodes.jsonl").exists()  # started over
+    assert len(children) == 5  # process-s0 skipped, the base not evaluated again
+
+
+def test_coach_server_starts_only_for_arms_that_ask_a_coach_and_always_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    experiment, children, fake = _fake_experiment(tmp_path, monkeypatch, server=True)
+    assert [r.config.coach.backend for r in experiment.runs] == ["http"] * 2 + ["local"] * 4
+    experiment.run()
+    assert fake.events == ["start", "stop"] and len(children) == 7  # base + 6 runs
+
+    experiment, children, fake = _fake_experiment(tmp_path / "again", monkeypatch, server=True)
+    experiment.runs = [r for r in experiment.runs if r.arm != "process"]  # no coach asked
+    experiment.run()
+    assert fake.events == ["stop"]  # never started
+
+    experiment, _, fake = _fake_experiment(tmp_path / "fails", monkeypatch, server=True)
+
+    def failing(*args: Any) -> None:
+        raise ExperimentError("a run failed")
+
+    monkeypatch.setattr(experiment, "_child", failing)
+    experiment.evaluate_base = lambda: None  # type: ignore[method-assign]
+    with pytest.raises(ExperimentError, match="a run failed"):
+        experiment.run()
+    assert fake.events == ["start", "stop"]
+
+
 # ----------------------------------------------------------------- end to end
 @pytest.mark.integration
 def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
