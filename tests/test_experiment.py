@@ -224,6 +224,19 @@ def test_shipped_experiments_resolve(tmp_path: Path) -> None:
         assert not any(r.config.rl.needs_coach for r in runs if r.arm != "process")
 
 
+def test_the_documented_example_is_a_valid_experiment(tmp_path: Path) -> None:
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "experiments.md").read_text()
+    example = re.search(r"```yaml\n(base:.*?)```", doc, re.S)
+    assert example, "docs/experiments.md's example is gone"
+    path = _experiment(tmp_path, example.group(1))
+    spec = load_experiment(path)
+    assert spec.coach_server is not None and spec.coach_server.server == "llamacpp"
+    runs = plan_runs(spec, path, tmp_path / "out", "http://127.0.0.1:9/v1")
+    assert len(runs) == 9 and {r.config.train.steps for r in runs} == {20}
+
+
 def test_run_state_reads_the_newest_checkpoint(tmp_path: Path) -> None:
     from mappa.experiment.runner import run_state
 
