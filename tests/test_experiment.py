@@ -205,12 +205,12 @@ def test_one_seed_is_allowed_with_a_warning(
 
 
 def test_shipped_experiments_resolve(tmp_path: Path) -> None:
-    """Every experiment under configs/experiments/ names a base that resolves and arms that
-    are comparable (the shipped base configs' task files are the team's data: skipped here
-    when absent)."""
-    shipped = sorted(
-        (Path(__file__).resolve().parents[1] / "configs" / "experiments").glob("*.yaml")
-    )
+    """Every experiment under configs/experiments/ (the YAML files with `arms`; files they
+    use, such as coach templates, may sit beside them) names a base that resolves and arms
+    that are comparable (the shipped base configs' task files are the team's data: skipped
+    here when absent)."""
+    folder = Path(__file__).resolve().parents[1] / "configs" / "experiments"
+    shipped = [p for p in sorted(folder.glob("*.yaml")) if "arms" in yaml.safe_load(p.read_text())]
     assert shipped, "no shipped experiment"
     for path in shipped:
         spec = load_experiment(path)
@@ -258,16 +258,20 @@ class FakeServer:
     log = Path("fake.log")
 
     def __init__(self) -> None:
-        self.proc: object | None = None
+        self.proc: object | None = None  # set once started, as a real server's process
+        self.running = False
         self.events: list[str] = []
+        self.running_during: list[bool] = []  # per child process run, was it up?
 
     def start(self) -> FakeServer:
-        self.proc = object()
+        self.proc, self.running = object(), True
         self.events.append("start")
         return self
 
-    def stop(self) -> None:
-        self.events.append("stop")
+    def stop(self) -> None:  # like a real server's: stopping a stopped one does nothing
+        if self.running:
+            self.running = False
+            self.events.append("stop")
 
 
 def _fake_experiment(
@@ -287,9 +291,12 @@ def _fake_experiment(
     monkeypatch.setattr("mappa.coach.servers.make_server", lambda *args: fake)
     experiment = Experiment(_experiment(tmp_path, text), tmp_path / "out")
     children: list[list[str]] = []
-    monkeypatch.setattr(
-        experiment, "_child", lambda name, action, args, *rest: children.append(args)
-    )
+
+    def child(name: str, action: str, args: list[str], *rest: Any) -> None:
+        children.append(args)
+        fake.running_during.append(fake.running)
+
+    monkeypatch.setattr(experiment, "_child", child)
     monkeypatch.setattr(experiment, "write_results", lambda: tmp_path / "out" / "results.md")
     return experiment, children, fake
 
@@ -333,12 +340,15 @@ def test_coach_server_starts_only_for_arms_that_ask_a_coach_and_always_stops(
     experiment, children, fake = _fake_experiment(tmp_path, monkeypatch, server=True)
     assert [r.config.coach.backend for r in experiment.runs] == ["http"] * 2 + ["local"] * 4
     experiment.run()
-    assert fake.events == ["start", "stop"] and len(children) == 7  # base + 6 runs
+    assert len(children) == 7  # base + 6 runs
+    # up for the process runs (the first two), stopped once no later run asks a coach
+    assert fake.events == ["start", "stop"]
+    assert fake.running_during == [False, True, True, False, False, False, False]
 
     experiment, children, fake = _fake_experiment(tmp_path / "again", monkeypatch, server=True)
     experiment.runs = [r for r in experiment.runs if r.arm != "process"]  # no coach asked
     experiment.run()
-    assert fake.events == ["stop"]  # never started
+    assert fake.events == []  # never started
 
     experiment, _, fake = _fake_experiment(tmp_path / "fails", monkeypatch, server=True)
 

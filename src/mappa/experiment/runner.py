@@ -136,6 +136,10 @@ class Experiment:
             self.evaluate_base()
             for i, run in enumerate(self.runs, 1):
                 self.train(run, f"[{i}/{len(self.runs)}] {run.name}")
+                if self.server is not None and not any(
+                    r.config.rl.needs_coach for r in self.runs[i:]
+                ):
+                    self.server.stop()  # no later run asks it: its memory is theirs
         finally:
             if self.server is not None:
                 self.server.stop()
