@@ -311,8 +311,11 @@ def _experiment(args: argparse.Namespace) -> int:
     try:
         experiment.run()
     except (ExperimentError, RuntimeError, TimeoutError) as err:  # a run or the server failed
-        print(f"mappa: {err}", file=sys.stderr)
+        print(f"mappa: {err}\nrerun the same command to resume", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("mappa: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
     return 0
 
 
