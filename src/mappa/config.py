@@ -353,8 +353,9 @@ class CoachConfig(_Strict):
     )
     template: str = Field(
         "mathchat",
-        description="`mathchat`, `dsbench`, or the path of a YAML template of your own "
-        "(checked at start: an unknown placeholder is an error).",
+        description="`mathchat`, `mathchat_brief` (the same judge, replying with its score "
+        "line only: no written analysis, for slow local coaches), `dsbench`, or the path of "
+        "a YAML template of your own (checked at start: an unknown placeholder is an error).",
     )
     observation_chars: int = Field(
         2000,

@@ -11,7 +11,7 @@ from mappa.cli import default_config
 from mappa.coach.cache import CachedCoach, CoachCacheMiss, ScoreCache
 from mappa.coach.context import CoachContext
 from mappa.coach.stats import accounting, bias, point_biserial
-from mappa.coach.templates import TemplateError, load_template, render_messages
+from mappa.coach.templates import SHIPPED, TemplateError, load_template, render_messages
 from mappa.config import load_config
 from mappa.factory import check
 from mappa.workflow.records import Action, Episode, Score
@@ -69,7 +69,7 @@ def test_unavailable_scores_are_not_cached(tmp_path: Path) -> None:
 
 
 def test_shipped_templates_render_only_what_they_may(tmp_path: Path) -> None:
-    for name in ("mathchat", "dsbench"):
+    for name in SHIPPED:
         t = load_template(name)
         final = CoachContext(
             "T",

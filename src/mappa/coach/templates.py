@@ -41,7 +41,7 @@ ALLOWED_FIELDS: dict[str, set[str]] = {
     },
     "corrective": {"final_corrective"},
 }
-SHIPPED = ("mathchat", "dsbench")
+SHIPPED = ("mathchat", "mathchat_brief", "dsbench")
 
 
 class TemplateError(ValueError):
