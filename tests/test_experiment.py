@@ -24,10 +24,14 @@ AGENTS = ("problem_solver", "code_executor", "verifier")
 
 # ----------------------------------------------------------------- results (pure)
 def fake_metrics(
-    accuracies: list[float], heldout: dict[int, float], coach: float | None = None
+    accuracies: list[float],
+    heldout: dict[int, float],
+    coach: float | None = None,
+    graded: int = 100,
 ) -> list[dict[str, Any]]:
     """Fabricated metrics.jsonl lines: training accuracy per step, held-out accuracy (and a
-    fake behaviour key) at the given step indices, a coach score for every agent if given."""
+    fake behaviour key) over ``graded`` answers at the given step indices, a coach score for
+    every agent if given."""
     lines: list[dict[str, Any]] = []
     for step, acc in enumerate(accuracies):
         line: dict[str, Any] = {"step": step, "accuracy": acc}
@@ -37,7 +41,8 @@ def fake_metrics(
             line.update(
                 {
                     "eval/accuracy": heldout[step],
-                    "eval/tasks": 4,
+                    "eval/tasks": graded,
+                    "eval/graded": graded,
                     "eval/avg@1": heldout[step],
                     "eval/format_rate/verifier": 0.5 + step / 100,
                 }
@@ -95,7 +100,12 @@ def test_results_table_over_seeds_and_verdicts() -> None:
     assert comparison["verdict"] == "process > outcome"
     page = results_markdown(results, "fake")
     assert "| process | 0.250 (n=1) | 0.375 (0.250-0.500, sd 0.177, n=2) |" in page
-    assert "| process | outcome | 0.500 | 0.250 | process > outcome |" in page
+    assert "| process | outcome | 0.500 | 0.250 | 0.117 | process > outcome |" in page
+    # The same gap on 4 held-out problems is within what the set's size alone can produce.
+    small = [RunRecord(r.arm, r.seed, [{**m, "eval/graded": 4} for m in r.metrics]) for r in runs]
+    [comparison] = summarize(small, FAKE_BASE)["comparisons"]
+    assert comparison["two_se"] == pytest.approx(2 * ((0.625 * 0.375 + 0.125 * 0.875) / 4) ** 0.5)
+    assert comparison["verdict"] == "no difference within the held-out set's sampling error"
 
 
 def test_results_degenerate_one_seed_and_an_arm_without_eval() -> None:

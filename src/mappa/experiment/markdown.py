@@ -109,9 +109,9 @@ def results_markdown(results: dict[str, Any], title: str) -> str:
         "",
     ]
     lines += table(
-        ["A", "B", "A - B", "spread", "verdict"],
+        ["A", "B", "A - B", "seeds' range", "2 SE (held-out size)", "verdict"],
         [
-            [c["a"], c["b"], fmt(c["diff"]), fmt(c["spread"]), c["verdict"]]
+            [c["a"], c["b"], fmt(c["diff"]), fmt(c["spread"]), fmt(c["two_se"]), c["verdict"]]
             for c in results["comparisons"]
         ],
     )

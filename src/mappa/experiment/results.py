@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from math import sqrt
 from statistics import mean, stdev
 from typing import Any
 
@@ -21,8 +22,10 @@ and the last), so one lucky batch does not make the number."""
 
 VERDICT_RULE = (
     "a gap counts as a difference only when |mean A - mean B| of the final held-out accuracy "
-    "is larger than the larger of the two arms' seed ranges (max - min over seeds), and each "
-    "arm has at least 2 seeds with a final evaluation"
+    "is larger than the larger of the two arms' seed ranges (max - min over seeds) and than "
+    "twice the standard error the held-out set's size alone puts on it "
+    "(sqrt(pA(1-pA)/N + pB(1-pB)/N), N graded answers per run), and each arm has at least "
+    "2 seeds with a final evaluation"
 )
 
 NOT_BEHAVIOUR = frozenset({"accuracy", "tasks", "samples", "temperature", "graded"})
@@ -143,28 +146,47 @@ def arm_summary(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, An
     }
 
 
-def verdict(a: str, sa: Stats, b: str, sb: Stats) -> dict[str, Any]:
+def verdict(a: str, sa: Stats, b: str, sb: Stats, graded: int | None = None) -> dict[str, Any]:
     """Arm ``a``'s final accuracy minus ``b``'s, and whether that is a difference
-    (``VERDICT_RULE``).
+    (``VERDICT_RULE``). ``graded``: answers graded in one run's final evaluation (``None``:
+    unknown, the sampling-error test is skipped).
 
-    >>> v = verdict("p", spread([0.5, 0.6]), "o", spread([0.2, 0.25]))
-    >>> round(v["diff"], 3), round(v["spread"], 3), v["verdict"]
-    (0.325, 0.1, 'p > o')
+    Two seeds can agree by chance (a range of 0), so the seeds' range alone would call a
+    one-problem gap on a small held-out set a difference; the binomial standard error of
+    the gap is the floor the set's size puts under any honest verdict.
+
+    >>> v = verdict("p", spread([0.5, 0.6]), "o", spread([0.2, 0.25]), graded=100)
+    >>> round(v["diff"], 3), round(v["spread"], 3), round(v["two_se"], 3), v["verdict"]
+    (0.325, 0.1, 0.13, 'p > o')
     >>> verdict("p", spread([0.5, 0.6]), "o", spread([0.45, 0.5]))["verdict"]
     'no difference within the seeds spread'
+    >>> verdict("p", spread([0.5, 0.5]), "o", spread([0.25, 0.25]), graded=16)["verdict"]
+    "no difference within the held-out set's sampling error"
     >>> verdict("p", spread([0.5]), "o", spread([0.1]))["verdict"]
     'undecided: fewer than 2 seeds'
     """
-    out: dict[str, Any] = {"a": a, "b": b, "diff": None, "spread": None}
+    out: dict[str, Any] = {"a": a, "b": b, "diff": None, "spread": None, "two_se": None}
     if sa["n"] == 0 or sb["n"] == 0:
         return out | {"verdict": "undecided: no final held-out accuracy"}
     out["diff"] = sa["mean"] - sb["mean"]
     out["spread"] = max(sa["max"] - sa["min"], sb["max"] - sb["min"])
+    if graded:
+        pa, pb = sa["mean"], sb["mean"]
+        out["two_se"] = 2 * sqrt((pa * (1 - pa) + pb * (1 - pb)) / graded)
     if sa["n"] < 2 or sb["n"] < 2:
         return out | {"verdict": "undecided: fewer than 2 seeds"}
     if abs(out["diff"]) <= out["spread"]:
         return out | {"verdict": "no difference within the seeds spread"}
+    if out["two_se"] is not None and abs(out["diff"]) <= out["two_se"]:
+        return out | {"verdict": "no difference within the held-out set's sampling error"}
     return out | {"verdict": f"{a} > {b}" if out["diff"] > 0 else f"{a} < {b}"}
+
+
+def graded_per_run(runs: Sequence[RunRecord]) -> int | None:
+    """Answers graded in a final held-out evaluation (the same in every run: an experiment
+    refuses runs whose held-out sets differ); ``None`` if no run says."""
+    counts = [f.get("eval/graded") for f in map(_final, runs) if f is not None]
+    return min((int(c) for c in counts if c is not None), default=None)
 
 
 def summarize(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, Any]:
@@ -181,7 +203,7 @@ def summarize(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, Any]
         "verdict_rule": VERDICT_RULE,
         "arms": summary,
         "comparisons": [
-            verdict(a, summary[a]["final"], b, summary[b]["final"])
+            verdict(a, summary[a]["final"], b, summary[b]["final"], graded_per_run(runs))
             for a, b in combinations(summary, 2)
         ],
     }
