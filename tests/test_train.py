@@ -12,10 +12,11 @@ import torch
 from conftest import tiny_run_config
 from safetensors.torch import load_file
 
+from mappa.config import RLConfig
 from mappa.factory import load_policies
 from mappa.jsonl import read_jsonl
 from mappa.models.loading import load_base
-from mappa.train import train
+from mappa.train import recomputes_old_logprobs, train
 from mappa.workflow.records import read_episodes
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
@@ -206,3 +207,20 @@ def test_non_finite_guard_counts_only_steps_in_a_row() -> None:
     assert guard.counts == {"a": 1, "b": 0}
     with pytest.raises(NonFiniteError, match=r"'a'.*2 steps in a row \(up to step 3\)"):
         guard.check(3, bad)
+
+
+@pytest.mark.parametrize(
+    ("mode", "engine", "dtype", "expected"),
+    [
+        ("auto", "hf", torch.float32, False),  # the sampler is the trainer, in float32
+        ("auto", "hf", torch.bfloat16, True),  # cache vs full forward differ in bf16
+        ("auto", "vllm", torch.float32, True),  # another engine's kernels
+        ("always", "hf", torch.float32, True),
+        ("never", "vllm", torch.bfloat16, False),
+    ],
+)
+def test_when_the_old_logprobs_are_recomputed(
+    mode: str, engine: str, dtype: torch.dtype, expected: bool
+) -> None:
+    rl = RLConfig.model_validate({"recompute_old_logprobs": mode})
+    assert recomputes_old_logprobs(rl, engine, dtype) is expected

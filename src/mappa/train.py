@@ -27,7 +27,7 @@ from mappa import checkpoint, factory
 from mappa.checkpoint import TaskBatches, TrainState
 from mappa.coach import CoachFatalError, FallbackGuard, score_episodes
 from mappa.coach.stats import accounting, bias
-from mappa.config import RunConfig
+from mappa.config import RLConfig, RunConfig
 from mappa.evaluation import TrainingEvaluator, training_tasks
 from mappa.jsonl import append_jsonl
 from mappa.report.live import ScalarLog
@@ -71,6 +71,20 @@ def step_metrics(step: int, episodes: Sequence[Episode], cfg: RunConfig) -> dict
     return out
 
 
+def recomputes_old_logprobs(rl: RLConfig, engine_name: str, dtype: torch.dtype) -> bool:
+    """Whether the update recomputes the old log-probs (``rl.recompute_old_logprobs``).
+
+    ``auto`` skips the pass only where the sampling log-probs are the trainer's own: the hf
+    engine samples from the very modules being trained, and in float32 the two layouts
+    (incremental decoding vs one full forward) agree to ~1e-5, so a recompute would only
+    cost a forward pass. In half precision, or on another engine, they can differ.
+    """
+    mode = rl.recompute_old_logprobs
+    if mode != "auto":
+        return mode == "always"
+    return not (engine_name == "hf" and dtype == torch.float32)
+
+
 def _fmt(x: Any) -> str:
     return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
 
@@ -111,6 +125,9 @@ def train(
     # a reward without coach scores (outcome_only, w_process 0) asks no coach at all
     coach = factory.make_coach(cfg, policies, engine) if cfg.rl.needs_coach else None
     runner = factory.make_runner(cfg, engine, policies.tokenizer, run_dir / "workspaces")
+    recompute_old = recomputes_old_logprobs(
+        cfg.rl, engine.name, next(policies.model.parameters()).dtype
+    )
     live: ScalarLog | None = None
     try:
         start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last
@@ -158,6 +175,7 @@ def train(
                     kl_ctl,
                     exclude_flagged=cfg.coach.exclude_flagged,
                     temperature=cfg.rollout.temperature,
+                    recompute_old=recompute_old,
                 )
             )
             engine.sync(policies, step + 1)  # the next rollout samples the new adapters

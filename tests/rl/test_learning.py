@@ -80,6 +80,7 @@ def _step(
     episodes: list[Episode],
     cfg: RLConfig,
     optimizers: dict[str, torch.optim.Optimizer] | None = None,
+    recompute_old: bool = True,
 ) -> dict[str, object]:
     params = {n: policies.adapter_parameters(n) for n in AGENTS}
     optimizers = optimizers or {n: torch.optim.Adam(params[n], lr=1e-2) for n in AGENTS}
@@ -93,6 +94,7 @@ def _step(
         KLController(cfg.kl_beta),
         exclude_flagged=True,
         temperature=1.0,
+        recompute_old=recompute_old,
     )
 
 
@@ -163,6 +165,47 @@ def test_a_batch_without_reward_signal_changes_no_adapter(
     for n in AGENTS:
         assert str(out[f"rl/{n}/skipped"]).startswith("no reward signal"), n
         assert _identical(policies.adapter_parameters(n), adapters[n]), n  # bit-identical
+
+
+def test_the_sampling_logprobs_as_old_give_the_recomputed_update(tiny_model_dir: Path) -> None:
+    """``rl.recompute_old_logprobs: auto`` on the hf engine in float32 skips the recompute:
+    after a step has moved the adapters (KL no longer 0), the update with the sampling
+    log-probs as old must be the recomputed update up to float noise. Plain SGD, so the
+    parameter change is proportional to the gradient (Adam's first step would amplify
+    float noise in near-zero gradients into full-size steps)."""
+    policies = _policies(tiny_model_dir)
+    warm = _episodes(policies, dict.fromkeys(AGENTS, [9.0, 1.0] * 3), seed=2)
+    _step(policies, warm, RLConfig(mask_truncated=False))
+    episodes = _episodes(policies, {n: [float(v) for v in range(6)] for n in AGENTS}, seed=3)
+    start = _adapters(policies)
+    cfg = RLConfig(mask_truncated=False)
+    moved: dict[bool, dict[str, torch.Tensor]] = {}
+    metrics: dict[bool, dict[str, object]] = {}
+    for recompute in (True, False):
+        with torch.no_grad():
+            for n in AGENTS:
+                for p, p0 in zip(policies.adapter_parameters(n), start[n], strict=True):
+                    p.copy_(p0)
+        sgd = {n: torch.optim.SGD(policies.adapter_parameters(n), lr=1.0) for n in AGENTS}
+        metrics[recompute] = _step(policies, episodes, cfg, sgd, recompute_old=recompute)
+        moved[recompute] = {
+            n: torch.cat(
+                [
+                    (p.detach() - p0).flatten()
+                    for p, p0 in zip(policies.adapter_parameters(n), start[n], strict=True)
+                ]
+            )
+            for n in AGENTS
+        }
+    assert "rl/logprob_gap_max" not in metrics[False]  # nothing recomputed, no gap measured
+    kl = metrics[True]["mean_kl"]
+    assert isinstance(kl, float) and abs(kl) > 1e-6  # the KL term is live in both updates
+    for n in AGENTS:
+        full, skipped = moved[True][n], moved[False][n]
+        rel = float((full - skipped).norm() / full.norm())
+        print(f"{n}: |step| {float(full.norm()):.3g}, relative difference {rel:.2g}")
+        assert float(full.norm()) > 0
+        assert rel < 1e-3, n
 
 
 def test_at_step_0_recomputed_old_logprobs_match_the_sampling_ones(tiny_model_dir: Path) -> None:

@@ -575,6 +575,18 @@ def test_experience_truncated_importance_weights() -> None:
     assert off.is_weights is None and off.tis_capped_frac() is None
 
 
+def test_experience_without_the_recompute_takes_the_sampling_logprobs_as_old() -> None:
+    policy = FakeTablePolicy(["a", "b"])
+    _drift(policy)  # the trainer's tables no longer give the sampling log-probs
+    items = scored_actions(_episodes(policy), exclude_flagged=True)
+    exp = make_experience(policy, items, RLConfig(), 0.1, 1.0, recompute_old=False)
+    assert policy.calls == [None, None]  # only the reference pass, per agent's micro-batch
+    assert torch.equal(exp.old, exp.sample)
+    assert exp.is_weights is None  # no recomputed policy to correct towards
+    ref = torch.log_softmax(policy.ref, -1)
+    assert torch.allclose(exp.kl[0], exp.sample[0] - ref[[1, 2, 3]], atol=1e-6)  # k1
+
+
 def _update(
     policy: FakeTablePolicy,
     episodes: list[Episode],

@@ -9,7 +9,9 @@ The shape of OpenRLHF's experience maker, for MAPPA's REINFORCE++ (docs/design.m
    ``no_grad``, each agent with its own adapter and in the micro-batches its update will
    use (as verl and OpenRLHF recompute them). The PPO ratio and the KL are taken against
    these; the sampling log-probs stay in the record, their gap is logged, and truncated
-   importance sampling (``rl.tis_cap``) corrects for it.
+   importance sampling (``rl.tis_cap``) corrects for it. Where the sampler is the trainer's
+   own float32 modules the two agree to ~1e-5 and the pass is skipped
+   (``rl.recompute_old_logprobs``: TRL's GRPO likewise takes the current log-probs as old).
 4. ``reference_logprobs``: the same tokens under the frozen reference (adapters off);
    skipped when the run applies no KL (beta = 0).
 5. ``compute_advantages``: the per-token KL estimate log pi_old - log pi_ref (computed
@@ -62,8 +64,9 @@ class Experience(RolloutBatch):
     """A ``RolloutBatch`` with what the update needs; tensors ``(B, T)``, 0 on padding.
 
     Attributes:
-        old: log-probs of the completion tokens under each agent's policy before the update,
-            recomputed in the training layout (the PPO ratio's denominator).
+        old: log-probs of the completion tokens under each agent's policy before the update
+            (the PPO ratio's denominator): recomputed in the training layout, or the
+            sampling log-probs where those are the trainer's own (``make_experience``).
         ref: log-probs under the frozen reference (``None`` when no KL is applied).
         kl: the per-token KL estimate ``rl.kl_estimator`` of old vs reference (``None``
             when no KL is applied).
@@ -321,17 +324,29 @@ def make_experience(
     cfg: RLConfig,
     beta: float,
     temperature: float,
+    recompute_old: bool = True,
 ) -> Experience:
-    """Scored actions -> padded batch, recomputed old and reference log-probs, KL, returns,
-    advantages and importance weights."""
+    """Scored actions -> padded batch, old and reference log-probs, KL, returns, advantages
+    and importance weights.
+
+    ``recompute_old`` false: the sampling log-probs are the old ones (the sampler is the
+    trainer's own float32 modules, ``rl.recompute_old_logprobs``); there is then no gap to
+    correct, so no importance weights either.
+    """
     batch = build_batch(items, cfg)
-    old = behaviour_logprobs(policy, batch, cfg.micro_batch_size, temperature)
+    old = (
+        behaviour_logprobs(policy, batch, cfg.micro_batch_size, temperature)
+        if recompute_old
+        else batch.sample
+    )
     ref = None
     if beta > 0:
         ref = reference_logprobs(policy, batch, cfg.micro_batch_size, temperature)
     est, kl = compute_advantages(batch, old, ref, cfg, beta)
     weights = (
-        None if cfg.tis_cap is None else tis_weights(old, batch.sample, batch.valid, cfg.tis_cap)
+        None
+        if cfg.tis_cap is None or not recompute_old
+        else tis_weights(old, batch.sample, batch.valid, cfg.tis_cap)
     )
     return Experience(
         actions=batch.actions,

@@ -195,13 +195,16 @@ def update_agents(
     *,
     exclude_flagged: bool,
     temperature: float,
+    recompute_old: bool = True,
 ) -> dict[str, Any]:
     """Advantages over the whole batch, one optimizer step per agent, then adapt beta.
 
     Returns the step's metrics: ``kl_beta`` (the beta used), ``trained_actions``,
     ``rl/<agent>/<stat>`` for every ``UpdateStats`` field, ``mean_kl`` over all real
     completion tokens (``None`` when no action was scored or the run applies no KL),
-    ``rl/logprob_gap_max`` and ``rl/logprob_gap_mean`` (|recomputed old - sampling|),
+    ``rl/logprob_gap_max`` and ``rl/logprob_gap_mean`` (|recomputed old - sampling|; only
+    with ``recompute_old``, else the old log-probs are the sampling ones: see
+    ``make_experience``),
     ``rl/tis_capped_frac`` (with ``rl.tis_cap``) and the estimator's degenerate-case counts
     (``rl/unwhitened_scopes``; ``rl/flat_groups``, ``rl/singleton_groups``).
 
@@ -213,14 +216,15 @@ def update_agents(
     if not items:
         out["mean_kl"] = None
         return out
-    exp = make_experience(policy, items, cfg, kl_ctl.beta, temperature)
+    exp = make_experience(policy, items, cfg, kl_ctl.beta, temperature, recompute_old)
     for name in agents:
         stats = policy_step(
             policy, name, exp, optimizers[name], params[name], cfg, kl_ctl.beta, temperature
         )
         out.update({f"rl/{name}/{k}": v for k, v in asdict(stats).items()})
     out["mean_kl"] = exp.mean_kl()
-    out["rl/logprob_gap_max"], out["rl/logprob_gap_mean"] = exp.logprob_gap()
+    if recompute_old:
+        out["rl/logprob_gap_max"], out["rl/logprob_gap_mean"] = exp.logprob_gap()
     if exp.is_weights is not None:
         out["rl/tis_capped_frac"] = exp.tis_capped_frac()
     out.update({f"rl/{k}": v for k, v in exp.counts.items()})
