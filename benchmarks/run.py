@@ -62,10 +62,12 @@ def _demo_config(*overrides: str) -> Any:
 def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
     """Peak RSS after loading the demo model with ``agents`` adapters, sampling 8
     completions with each and one optimizer step per agent (the same work per agent: no
-    stop token, so each samples exactly ``max_new_tokens``)."""
+    stop token, so each samples exactly ``max_new_tokens``), the heap trimmed after each
+    agent as in ``update_agents``."""
     import torch
 
     from mappa.models.loading import load_base
+    from mappa.models.memory import trim_heap
     from mappa.models.policies import AgentPolicies
     from mappa.workflow.chat import ChatFormat
 
@@ -87,6 +89,8 @@ def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
         ).logprobs
         (-lp.sum()).backward()
         optimizer.step()
+        del lp, samples
+        trim_heap()  # as update_agents does after each agent
     return {"agents": agents, "loaded_mib": loaded, "peak_mib": _peak_mib()}
 
 

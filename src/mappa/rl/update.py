@@ -27,6 +27,7 @@ import torch
 
 from mappa.config import RLConfig
 from mappa.models.interface import TrainablePolicy
+from mappa.models.memory import trim_heap
 from mappa.rl.experience import (
     Experience,
     action_logprobs,
@@ -199,6 +200,9 @@ def update_agents(
 ) -> dict[str, Any]:
     """Advantages over the whole batch, one optimizer step per agent, then adapt beta.
 
+    After each agent's step the C heap is trimmed (``mappa.models.memory``), so a run's peak
+    memory does not grow with the number of agents.
+
     Returns the step's metrics: ``kl_beta`` (the beta used), ``trained_actions``,
     ``rl/<agent>/<stat>`` for every ``UpdateStats`` field, ``mean_kl`` over all real
     completion tokens (``None`` when no action was scored or the run applies no KL),
@@ -222,6 +226,7 @@ def update_agents(
             policy, name, exp, optimizers[name], params[name], cfg, kl_ctl.beta, temperature
         )
         out.update({f"rl/{name}/{k}": v for k, v in asdict(stats).items()})
+        trim_heap()  # the next agent's activations get fresh pages, not a grown heap
     out["mean_kl"] = exp.mean_kl()
     if recompute_old:
         out["rl/logprob_gap_max"], out["rl/logprob_gap_mean"] = exp.logprob_gap()
