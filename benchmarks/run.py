@@ -189,9 +189,10 @@ def _update_spec(quick: bool) -> dict[str, Any]:
 
 
 def measure_update(quick: bool) -> dict[str, Any]:
-    """mappa's update (``rl.update.update_agents``: old and reference log-probs, whitened
-    advantages, the clipped loss and one Adam step) on the P3 batch, every action the first
-    agent's, scored at random; tokens are completion tokens trained."""
+    """mappa's update (``rl.update.update_agents``: reference log-probs, old ones where
+    ``mappa train`` recomputes them, whitened advantages, the clipped loss and one Adam
+    step) on the P3 batch, every action the first agent's, scored at random; tokens are
+    completion tokens trained."""
     import random
 
     import torch
@@ -199,6 +200,7 @@ def measure_update(quick: bool) -> dict[str, Any]:
     from mappa import factory
     from mappa.rl.kl import KLController
     from mappa.rl.update import update_agents
+    from mappa.train import recomputes_old_logprobs
     from mappa.workflow.chat import ChatFormat
     from mappa.workflow.records import Action, Episode, Score
 
@@ -210,6 +212,8 @@ def measure_update(quick: bool) -> dict[str, Any]:
     system, user = spec["conversation"]
     prompt = ChatFormat(policies.tokenizer).first_prompt(system["content"], user["content"])
     name = cfg.agents[0].name
+    dtype = next(policies.model.parameters()).dtype
+    recompute_old = recomputes_old_logprobs(cfg.rl, "hf", dtype)  # as `mappa train` decides
     rng = random.Random(0)
     torch.manual_seed(0)
     times, tokens = [], []
@@ -247,6 +251,7 @@ def measure_update(quick: bool) -> dict[str, Any]:
             kl_ctl,
             exclude_flagged=True,
             temperature=spec["temperature"],
+            recompute_old=recompute_old,
         )
         times.append(time.perf_counter() - start)
         tokens.append(sum(len(s.completion_ids) for s in samples))
