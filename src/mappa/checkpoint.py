@@ -5,7 +5,8 @@ A checkpoint is everything the loop needs to continue as if it had never stopped
 - each agent's adapter (``adapters/<agent>``, standard PEFT) and its Adam state;
 - the KL controller's beta, the non-finite counters (``rl.update.NonFiniteGuard``) and the
   coach's run of all-fallback steps (``coach.FallbackGuard``);
-- the RNG states (Python ``random``, torch CPU and CUDA) and the task order's position
+- the RNG states (Python ``random``, torch CPU and CUDA; in a Ray run also the engine
+  actors' torch states, ``TrainState.samplers``) and the task order's position
   (``TaskBatches``: its ``random.Random`` state and the tasks still pending this epoch);
 - the step (steps done) and the byte size of each JSONL record file at that moment.
 
@@ -36,7 +37,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import yaml
@@ -44,12 +45,10 @@ import yaml
 from mappa.coach import FallbackGuard
 from mappa.config import RunConfig
 from mappa.jsonl import truncate_jsonl
+from mappa.models.interface import AdapterSource
 from mappa.rl.kl import KLController
 from mappa.rl.update import NonFiniteGuard
 from mappa.tasks import Task
-
-if TYPE_CHECKING:
-    from mappa.models.policies import AgentPolicies
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +62,8 @@ RESUMABLE_KEYS = frozenset(
         "coach.max_fallback_steps",
         "train.tensorboard",
         "rollout.vllm.sleep_during_update",
+        "cluster.address",
+        "cluster.start_timeout_s",
         *(
             f"coach.http.{key}"
             for key in (
@@ -78,8 +79,9 @@ RESUMABLE_KEYS = frozenset(
 )
 """Config keys a resumed run may change: ``train.steps`` extends or shortens it; the rest say
 where the coach server is and how hard to try, so a run stopped by a moved or overloaded
-server can continue, whether TensorBoard is written, and whether vLLM sleeps through the
-update; nothing that changes what is computed (the coach's model, its prompt, sampling) may
+server can continue, whether TensorBoard is written, whether vLLM sleeps through the
+update, and where the Ray cluster is and how long to wait for it (a restarted cluster has a
+new address); nothing that changes what is computed (the coach's model, its prompt, sampling) may
 differ."""
 
 
@@ -117,16 +119,37 @@ def _tuples(x: Any) -> Any:
     return tuple(_tuples(v) for v in x) if isinstance(x, list | tuple) else x
 
 
+class AdapterStore(AdapterSource, Protocol):
+    """The agents' adapters, saved and loaded as files (``AgentPolicies``, or the trainer
+    actors of a Ray run behind ``mappa.cluster``)."""
+
+    def load(self, directory: Path) -> None: ...
+
+
+class Stateful(Protocol):
+    """State that round-trips through a checkpoint: an optimizer (in this process or on a
+    trainer actor), or the random state of engine actors."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class TrainState:
-    """The live objects a checkpoint saves and restores."""
+    """The live objects a checkpoint saves and restores.
 
-    policies: AgentPolicies
-    optimizers: Mapping[str, torch.optim.Optimizer]
+    ``samplers``: the random state of a sampler outside this process (Ray engine actors);
+    ``None`` when the rollout samples here, from torch's RNG, which is always saved.
+    """
+
+    policies: AdapterStore
+    optimizers: Mapping[str, Stateful]
     kl_ctl: KLController
     batches: TaskBatches
     guard: NonFiniteGuard
     coach_guard: FallbackGuard
+    samplers: Stateful | None = None
 
 
 # ------------------------------------------------------------------------ test hook
@@ -184,6 +207,7 @@ def save_checkpoint(run_dir: Path, step: int, state: TrainState) -> Path:
             "python_rng": random.getstate(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "sampler_rng": None if state.samplers is None else state.samplers.state_dict(),
         },
         tmp / "state.pt",
     )
@@ -331,5 +355,7 @@ def restore(run_dir: Path, state: TrainState) -> int:
     torch.set_rng_state(saved["torch_rng"])
     if saved["cuda_rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(saved["cuda_rng"])
+    if state.samplers is not None and saved.get("sampler_rng") is not None:
+        state.samplers.load_state_dict(saved["sampler_rng"])
     log.info("resumed %s from checkpoint %s (%d steps done)", run_dir, ckpt.name, step)
     return step

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import string
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -583,6 +584,107 @@ class TrainConfig(_Strict):
     )
 
 
+class ActorResources(_Strict):
+    """What each Ray actor of one role asks the scheduler for (docs/scaling.md)."""
+
+    num_cpus: float = Field(
+        1.0,
+        ge=0,
+        description="CPUs per actor. Ray also sets the actor's torch threads to this number.",
+    )
+    num_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs per actor; a fraction shares a GPU between actors (e.g. 0.5 puts a "
+        "trainer and an engine on one device).",
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per actor, e.g. `{node_a: 1}` to place it on the "
+        "node started with `ray start --resources='{\"node_a\": 8}'`.",
+    )
+
+
+class ClusterConfig(_Strict):
+    """Run the training loop on Ray (docs/scaling.md). Absent (null): one process, as always.
+
+    The driver (the `mappa train` process) keeps the loop, the coach cache, the sandboxes and
+    the advantages over the whole batch; trainers, engines and coaches are Ray actors, and
+    adapter weights go from trainers to engines through Ray's object store."""
+
+    address: str | None = Field(
+        None,
+        description="The Ray cluster to join: `auto` (the one `ray start` made this machine "
+        "part of), `host:port`, or `ray://host:10001`. null: start a private single-node Ray "
+        "inside the run (sized by `num_cpus`, `num_gpus`, `object_store_mb`).",
+    )
+    trainers: Literal["one", "per_agent"] = Field(
+        "per_agent",
+        description="`one`: a single trainer actor holds every agent's adapter over one base "
+        "(multi-LoRA, the one-GPU layout). `per_agent`: one trainer actor per agent, each with "
+        "its own copy of the base, on its own devices (the paper's layout); agents' updates "
+        "then run in parallel.",
+    )
+    engines: Literal["trainer", "one", "per_agent"] = Field(
+        "one",
+        description="Where the rollout samples. `trainer`: on the trainer actor's own modules "
+        "(only with `trainers: one`; no weights to send). `one`: one engine actor serving every "
+        "agent's adapter (multi-LoRA; samples exactly as the single process does with the same "
+        "seed). `per_agent`: one engine actor per agent (the paper's layout; each samples from "
+        "its own seed, so tokens differ from the single-process run's). Engines get new "
+        "adapter weights through the object store after every update.",
+    )
+    coach_actors: int = Field(
+        0,
+        ge=0,
+        description="Coach actors the step's coach requests are split across. 0: the coach "
+        "runs on the (first) engine actor, where the local coach reuses the policy base with "
+        "adapters off, as in one process. N > 0: N actors sized by `coach`, each with its own "
+        "local coach model (or HTTP client). The score cache stays with the driver.",
+    )
+    trainer: ActorResources = Field(
+        default_factory=ActorResources, description="Resources of each trainer actor."
+    )
+    engine: ActorResources = Field(
+        default_factory=ActorResources, description="Resources of each engine actor."
+    )
+    coach: ActorResources = Field(
+        default_factory=ActorResources, description="Resources of each coach actor."
+    )
+    agents: dict[str, ActorResources] = Field(
+        default_factory=dict,
+        description="Per agent name: its trainer's (and, with `engines: per_agent`, its "
+        "engine's) resources instead of `trainer`/`engine`, e.g. to pin agents to nodes.",
+    )
+    num_cpus: int | None = Field(
+        None, ge=1, description="A private Ray's CPUs (`address: null`); null: all."
+    )
+    num_gpus: int | None = Field(
+        None, ge=0, description="A private Ray's GPUs (`address: null`); null: all."
+    )
+    start_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="How long the run waits for its actors to be placed and loaded before it "
+        "stops, naming what it asked for (a request no node can meet waits forever in Ray).",
+    )
+    object_store_mb: int | None = Field(
+        None,
+        ge=75,
+        description="A private Ray's object store in MiB (`address: null`); null: Ray's "
+        "default (30% of memory). Adapters are small; the store holds a step's experience.",
+    )
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> ClusterConfig:
+        if self.engines == "trainer" and self.trainers != "one":
+            raise ValueError(
+                "cluster.engines: 'trainer' samples on the one trainer that holds every "
+                "adapter; it needs cluster.trainers: one"
+            )
+        return self
+
+
 class RunConfig(_Strict):
     """A whole run. `mappa train --config F key=value ...` builds one of these."""
 
@@ -602,6 +704,11 @@ class RunConfig(_Strict):
     rl: RLConfig = Field(default_factory=RLConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    cluster: ClusterConfig | None = Field(
+        None,
+        description="Run on Ray: trainers, engines and coach as actors (docs/scaling.md). "
+        "null: everything in this process.",
+    )
 
     @property
     def task_seed(self) -> int:
@@ -613,6 +720,9 @@ class RunConfig(_Strict):
         names = [a.name for a in self.agents]
         if len(set(names)) != len(names):
             raise ValueError(f"agent names must be unique, got {names}")
+        unknown = sorted(set(self.cluster.agents) - set(names)) if self.cluster else []
+        if unknown:
+            raise ValueError(f"cluster.agents: {unknown} are not agents of this run ({names})")
         for i, agent in enumerate(self.agents):
             allowed = {"task", "files", "file_warnings"} | {
                 f"{prev}_{kind}" for prev in names[:i] for kind in ("output", "observation")
@@ -819,6 +929,12 @@ def reference_markdown() -> str:
                 continue
             if annotation == list[AgentConfig]:
                 nested.append((AgentConfig, f"{path}[]"))
+            if isinstance(annotation, types.UnionType):  # an optional section: a row, then its keys
+                nested.extend(
+                    (a, path)
+                    for a in typing.get_args(annotation)
+                    if isinstance(a, type) and issubclass(a, BaseModel)
+                )
             if field.is_required():
                 default = "required"
             elif field.default_factory is not None:

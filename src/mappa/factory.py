@@ -9,8 +9,10 @@ placeholders) and is called by the CLI before anything heavy is imported or load
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mappa.coach.templates import CoachTemplate, load_template
 from mappa.config import RunConfig, SandboxConfig
@@ -22,10 +24,13 @@ from mappa.workflow.interface import Phase, SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from mappa.checkpoint import AdapterStore, Stateful
     from mappa.coach import CoachBackend
     from mappa.models.interface import RolloutEngine, SamplingPolicy
     from mappa.models.policies import AgentPolicies
+    from mappa.rl.kl import KLController
     from mappa.workflow.chat import ChatFormat
+    from mappa.workflow.records import Episode
     from mappa.workflow.runner import PipelineRunner
 
 
@@ -69,6 +74,18 @@ def _engine_problem(engine: str) -> str | None:
         return (
             "rollout.engine: 'vllm' needs vLLM, which is not installed here; run "
             "`make install-vllm` (or use rollout.engine: hf)"
+        )
+    return None
+
+
+def _cluster_problem(cfg: RunConfig) -> str | None:
+    """A ``cluster`` section needs Ray, the optional extra (found, not imported)."""
+    import importlib.util
+
+    if cfg.cluster is not None and importlib.util.find_spec("ray") is None:
+        return (
+            "cluster: running on Ray needs Ray, which is not installed here; install the "
+            "extra (`pip install -e '.[ray]'`) or remove the cluster section"
         )
     return None
 
@@ -214,7 +231,7 @@ def check(cfg: RunConfig) -> None:
     ``ValueError``s) listing every problem found, each naming its key: the model path (a
     known, installed ``pypi:`` package, a model directory, or an HF id), the device, the
     coach URL, its API-key variable and its cache's directory, the rollout engine's package
-    (vLLM), the sandbox backend, the
+    (vLLM), Ray for a ``cluster`` section, the sandbox backend, the
     task files (errors name the file and line; duplicate ids are refused). Warns about a
     learning rate too small to move a LoRA adapter.
     """
@@ -225,6 +242,7 @@ def check(cfg: RunConfig) -> None:
         _model_path_problem("model.path", cfg.model.path),
         _device_problem(cfg.model.device),
         _engine_problem(cfg.rollout.engine),
+        _cluster_problem(cfg),
         *_coach_problems(cfg),
         *_sandbox_problems(cfg.sandbox),
         *_task_problems(cfg),
@@ -248,13 +266,19 @@ def coach_template(cfg: RunConfig) -> CoachTemplate:
     return load_template(cfg.coach.template).for_pipeline(cfg.agents)
 
 
-def load_policies(cfg: RunConfig, adapters_dir: Path | None = None) -> AgentPolicies:
-    """The base model with one LoRA adapter per agent (loaded from ``adapters_dir``, if given)."""
+def load_policies(
+    cfg: RunConfig, adapters_dir: Path | None = None, agents: Sequence[str] | None = None
+) -> AgentPolicies:
+    """The base model with one LoRA adapter per agent (loaded from ``adapters_dir``, if given).
+
+    ``agents``: only these agents' adapters (a Ray trainer actor holds one agent); each is
+    initialised as in a process that holds them all (``AgentPolicies``' ``seed``).
+    """
     from mappa.models.loading import load_base
     from mappa.models.policies import AgentPolicies
 
     base, tokenizer = load_base(cfg.model.path, cfg.model.dtype, cfg.model.device)
-    names = [a.name for a in cfg.agents]
+    names = [a.name for a in cfg.agents] if agents is None else list(agents)
     return AgentPolicies(
         base,
         tokenizer,
@@ -263,6 +287,7 @@ def load_policies(cfg: RunConfig, adapters_dir: Path | None = None) -> AgentPoli
         adapters_dir,
         cfg.model.path,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
+        seed=cfg.seed,
     )
 
 
@@ -276,14 +301,20 @@ def coach_on_engine(cfg: RunConfig) -> bool:
 
 
 def make_coach(
-    cfg: RunConfig, policies: AgentPolicies | None, engine: RolloutEngine | None = None
+    cfg: RunConfig,
+    policies: AgentPolicies | None,
+    engine: RolloutEngine | None = None,
+    *,
+    backend: Callable[[], CoachBackend] | None = None,
 ) -> CoachBackend:
     """The configured coach, behind the score cache unless it is off.
 
     The default local coach reuses the policy base with adapters off (no extra memory): on
     the rollout's vLLM ``engine`` where ``coach_on_engine``, else on ``policies``' model. A
     command that builds no engine (``mappa coach-check``) scores ``auto`` with transformers.
-    In replay mode no backend is built at all, so nothing can reach a server or load a model.
+    ``backend`` builds the backend instead (a Ray run's coach lives in actors; the cache
+    stays with the driver). In replay mode no backend is built at all, so nothing can reach
+    a server or load a model.
     """
     from mappa.coach.cache import CachedCoach, ScoreCache
 
@@ -296,20 +327,20 @@ def make_coach(
     else:
         model_id = f"{c.local.model_path or cfg.model.path}|expected"
     namespace = f"{template.digest}|{c.backend}|{model_id}"
+    build = backend or (lambda: coach_backend(cfg, policies, engine))
     if c.cache.mode == "off":
-        return _coach_backend(cfg, template, policies, engine)
+        return build()
     replay = c.cache.mode == "replay"
-    inner = None if replay else _coach_backend(cfg, template, policies, engine)
+    inner = None if replay else build()
     path = Path(c.cache.path) if c.cache.path else cache_root() / "coach_cache.sqlite"
     return CachedCoach(inner, ScoreCache(path), namespace, replay=replay)
 
 
-def _coach_backend(
-    cfg: RunConfig,
-    template: CoachTemplate,
-    policies: AgentPolicies | None,
-    engine: RolloutEngine | None,
+def coach_backend(
+    cfg: RunConfig, policies: AgentPolicies | None, engine: RolloutEngine | None
 ) -> CoachBackend:
+    """The configured coach itself, uncached (``make_coach`` puts the cache around it)."""
+    template = coach_template(cfg)
     if cfg.coach.backend == "http":
         from mappa.coach.http import HttpCoach
 
@@ -351,13 +382,13 @@ def _coach_backend(
 def make_optimizers(
     cfg: RunConfig, policies: AgentPolicies
 ) -> tuple[dict[str, list[torch.nn.Parameter]], dict[str, torch.optim.Adam]]:
-    """Per agent: its adapter's parameters and an Adam over them (the lr is set every step
-    from ``rl.lr_schedule``: ``mappa.rl.schedule.set_step_lr``)."""
+    """Per agent of ``policies``: its adapter's parameters and an Adam over them (the lr is
+    set every step from ``rl.lr_schedule``: ``mappa.rl.schedule.set_step_lr``)."""
     import torch
 
     r = cfg.rl
     params, optimizers = {}, {}
-    for agent in (a.name for a in cfg.agents):
+    for agent in policies.agents:
         params[agent] = policies.adapter_parameters(agent)
         optimizers[agent] = torch.optim.Adam(
             params[agent], lr=r.lr, betas=r.adam_betas, eps=r.adam_eps, weight_decay=r.weight_decay
@@ -452,4 +483,72 @@ def runner_for(
         workspace_root,
         cfg.tasks.answer_format,
         cfg.tasks.grade_timeout_s,
+    )
+
+
+UpdateFn = Callable[["Sequence[Episode]", int, "KLController", bool], dict[str, Any]]
+"""``(episodes, step, kl_ctl, recompute_old) -> metrics``: the update of one training step
+(``lr`` and ``mappa.rl.update.update_agents``' keys)."""
+
+
+@dataclass
+class RunModels:
+    """What the training loop samples, scores and trains with, wherever it lives: in this
+    process (``local_models``) or in Ray actors (``mappa.cluster.launch``). The loop sees only
+    these interfaces, so it is one loop for both."""
+
+    policies: AdapterStore
+    """The adapters the engine is synced from and a checkpoint saves."""
+    optimizers: Mapping[str, Stateful]
+    engine: RolloutEngine
+    coach: CoachBackend | None
+    tokenizer: Any
+    dtype: torch.dtype
+    """The trainer's parameter dtype (``rl.recompute_old_logprobs: auto`` asks for it)."""
+    update: UpdateFn
+    close: Callable[[], None]
+    samplers: Stateful | None = None
+    """The sampler's random state when it is not this process's (``TrainState.samplers``)."""
+
+
+def local_models(cfg: RunConfig, policies: AgentPolicies | None = None) -> RunModels:
+    """Everything in this process: ``policies`` (loaded from ``cfg.model`` unless given), an
+    Adam per agent, the configured engine and coach; the update is ``update_agents``."""
+    from mappa.rl.schedule import set_step_lr
+    from mappa.rl.update import update_agents
+
+    policies = policies or load_policies(cfg)
+    params, optimizers = make_optimizers(cfg, policies)
+    engine = make_engine(cfg, policies)
+    # a reward without coach scores (outcome_only, w_process 0) asks no coach at all
+    coach = make_coach(cfg, policies, engine) if cfg.rl.needs_coach else None
+    names = [a.name for a in cfg.agents]
+
+    def update(
+        episodes: Sequence[Episode], step: int, kl_ctl: KLController, recompute_old: bool
+    ) -> dict[str, Any]:
+        lr = set_step_lr(optimizers.values(), cfg.rl, step, cfg.train.steps)
+        metrics = update_agents(
+            policies,
+            episodes,
+            names,
+            optimizers,
+            params,
+            cfg.rl,
+            kl_ctl,
+            exclude_flagged=cfg.coach.exclude_flagged,
+            temperature=cfg.rollout.temperature,
+            recompute_old=recompute_old,
+        )
+        return {"lr": lr, **metrics}
+
+    return RunModels(
+        policies=policies,
+        optimizers=optimizers,
+        engine=engine,
+        coach=coach,
+        tokenizer=policies.tokenizer,
+        dtype=next(policies.model.parameters()).dtype,
+        update=update,
+        close=engine.close,
     )

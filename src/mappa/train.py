@@ -6,6 +6,8 @@ ids) *before* they are trained on, and one line per step goes to ``metrics.jsonl
 ``train.save_every`` steps and after the last, ``mappa.checkpoint`` writes a checkpoint that
 ``train(..., resume=run_dir)`` (``mappa train --resume``) continues from. With
 ``train.tensorboard`` each step's metrics also go to ``<run_dir>/tb/`` (``mappa.report.live``).
+With a ``cluster`` section the same loop drives Ray actors (``mappa.cluster``): only where
+``factory.RunModels`` live changes; a lost actor stops the run, pointing at the checkpoint.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tqdm import tqdm
 
 from mappa import checkpoint, factory
 from mappa.checkpoint import TaskBatches, TrainState
+from mappa.cluster.errors import WorkerLost
 from mappa.coach import CoachFatalError, FallbackGuard, score_episodes
 from mappa.coach.stats import accounting, bias
 from mappa.config import RLConfig, RunConfig
@@ -33,8 +36,7 @@ from mappa.jsonl import append_jsonl
 from mappa.report.live import ScalarLog
 from mappa.report.metrics import agent_metrics
 from mappa.rl.kl import KLController
-from mappa.rl.schedule import set_step_lr
-from mappa.rl.update import NonFiniteError, NonFiniteGuard, update_agents
+from mappa.rl.update import NonFiniteError, NonFiniteGuard
 from mappa.tasks import Task
 from mappa.workflow.interface import RolloutInput
 from mappa.workflow.records import Episode, append_episodes
@@ -85,6 +87,17 @@ def recomputes_old_logprobs(rl: RLConfig, engine_name: str, dtype: torch.dtype) 
     return not (engine_name == "hf" and dtype == torch.float32)
 
 
+def _models(cfg: RunConfig, policies: AgentPolicies | None) -> factory.RunModels:
+    """This process's models (``policies``, if given), or Ray actors' (``cfg.cluster``)."""
+    if cfg.cluster is None:
+        return factory.local_models(cfg, policies)
+    if policies is not None:
+        raise ValueError("a run with a cluster section loads its models in Ray actors; pass none")
+    from mappa.cluster.launch import launch
+
+    return launch(cfg)
+
+
 def _fmt(x: Any) -> str:
     return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
 
@@ -112,29 +125,30 @@ def train(
     evaluator = TrainingEvaluator(cfg, tasks, run_dir)  # refuses overlapping held-out tasks
     log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
 
-    policies = policies or factory.load_policies(cfg)
+    models = _models(cfg, policies)
+    adapters, engine, coach = models.policies, models.engine, models.coach
     names = [a.name for a in cfg.agents]
     roles = {a.name: a.role for a in cfg.agents}
-    params, optimizers = factory.make_optimizers(cfg, policies)
     batches = TaskBatches(tasks, cfg.train.prompts_per_step, cfg.train.samples_per_prompt, cfg.seed)
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
     coach_guard = FallbackGuard(cfg.coach.max_fallback_steps)  # stops a run the coach fails
     guard = NonFiniteGuard(names, cfg.train.max_nonfinite_steps)
-    state = TrainState(policies, optimizers, kl_ctl, batches, guard, coach_guard)
-    engine = factory.make_engine(cfg, policies)
-    # a reward without coach scores (outcome_only, w_process 0) asks no coach at all
-    coach = factory.make_coach(cfg, policies, engine) if cfg.rl.needs_coach else None
-    runner = factory.make_runner(cfg, engine, policies.tokenizer, run_dir / "workspaces")
-    recompute_old = recomputes_old_logprobs(
-        cfg.rl, engine.name, next(policies.model.parameters()).dtype
+    state = TrainState(
+        adapters, models.optimizers, kl_ctl, batches, guard, coach_guard, models.samplers
     )
+    try:
+        runner = factory.make_runner(cfg, engine, models.tokenizer, run_dir / "workspaces")
+    except BaseException:
+        models.close()
+        raise
+    recompute_old = recomputes_old_logprobs(cfg.rl, engine.name, models.dtype)
     live: ScalarLog | None = None
     try:
         start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last
         if cfg.train.tensorboard:
             live = ScalarLog(run_dir / "tb", resume_step=start)
         if start:
-            engine.sync(policies, start)  # the restored adapters
+            engine.sync(adapters, start)  # the restored adapters
         saved = start if resume is not None else -1
         for step in tqdm(range(start, cfg.train.steps), desc="train", unit="step"):
             rollout = runner.run(RolloutInput(next(batches), step, "train"))
@@ -162,23 +176,9 @@ def train(
             prices = cfg.coach.price_per_mtok
             metrics.update(accounting(scores, prices.prompt, prices.completion))
             metrics.update(bias(episodes, names[-1]))
-            metrics["lr"] = set_step_lr(optimizers.values(), cfg.rl, step, cfg.train.steps)
             engine.release()  # e.g. vLLM sleeps: its memory is the update's until the sync
-            metrics.update(
-                update_agents(
-                    policies,
-                    episodes,
-                    names,
-                    optimizers,
-                    params,
-                    cfg.rl,
-                    kl_ctl,
-                    exclude_flagged=cfg.coach.exclude_flagged,
-                    temperature=cfg.rollout.temperature,
-                    recompute_old=recompute_old,
-                )
-            )
-            engine.sync(policies, step + 1)  # the next rollout samples the new adapters
+            metrics.update(models.update(episodes, step, kl_ctl, recompute_old))
+            engine.sync(adapters, step + 1)  # the next rollout samples the new adapters
             checkpoint.pause_point("update", step)
             metrics.update(
                 rollout_tokens_per_s=rollout.generated_tokens / max(rollout.wall_s, 1e-9),
@@ -200,15 +200,15 @@ def train(
             if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
                 checkpoint.save_checkpoint(run_dir, step + 1, state)
                 saved = step + 1
-    except (CoachFatalError, NonFiniteError) as err:  # a stop the user must act on
+        if saved != max(start, cfg.train.steps):  # before closing: Ray actors hold the state
+            checkpoint.save_checkpoint(run_dir, max(start, cfg.train.steps), state)
+    except (CoachFatalError, NonFiniteError, WorkerLost) as err:  # a stop the user must act on
         err.add_note(checkpoint.resume_hint(run_dir))
         raise
     finally:
         runner.close()
-        engine.close()
+        models.close()
         if live is not None:
             live.close()
-    if saved != max(start, cfg.train.steps):
-        checkpoint.save_checkpoint(run_dir, max(start, cfg.train.steps), state)
     log.info("adapters saved under %s", run_dir / "adapters")
     return run_dir

@@ -19,7 +19,9 @@ from mappa.models.policies import AgentPolicies, left_pad, token_logprobs
 @pytest.fixture(scope="module")
 def policies(tiny_model_dir: Path) -> AgentPolicies:
     base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
-    pol = AgentPolicies(base, tok, ["solver", "checker"], LoraConfig())
+    # seed 1: the three prompts' greedy continuations differ (with seed 0 all repeat one token,
+    # and test_finished_rows_... needs a stop token that only one row samples)
+    pol = AgentPolicies(base, tok, ["solver", "checker"], LoraConfig(), seed=1)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # LoRA B starts at zero; make the adapters (and their grads) matter
         for name, p in pol.model.named_parameters():
@@ -242,3 +244,44 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(
         torch.testing.assert_close(a, b)
     assert (back_plain, back_ckpt) == (0, 1)  # recomputed once in the backward pass
     assert samp_ckpt == samp_plain  # sampling is as before
+
+
+def test_each_adapter_starts_from_its_own_seed_and_leaves_the_global_rng_alone(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """An agent's initial adapter depends on (seed, agent) only, not on which agents share
+    the process: a Ray trainer actor holding one agent starts where a single process holding
+    all three does. Building adapters draws nothing from torch's global RNG (the sampler's),
+    and the per-agent state round-trips through ``adapter_state``."""
+
+    def build(agents: list[str], seed: int = 0) -> AgentPolicies:
+        base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
+        return AgentPolicies(base, tok, agents, LoraConfig(), seed=seed)
+
+    torch.manual_seed(123)
+    expected_draw = torch.rand(3)
+    torch.manual_seed(123)
+    together = build(["solver", "coder", "checker"])
+    assert torch.equal(torch.rand(3), expected_draw)
+
+    alone = build(["checker"])
+    for key, value in together.adapter_state("checker").items():
+        assert torch.equal(alone.adapter_state("checker")[key], value), key
+    lora_a = [k for k in together.adapter_state("solver") if "lora_A" in k]
+    assert lora_a
+    assert not torch.equal(
+        together.adapter_state("solver")[lora_a[0]], together.adapter_state("checker")[lora_a[0]]
+    )
+    other_seed = build(["checker"], seed=1).adapter_state("checker")
+    assert not torch.equal(other_seed[lora_a[0]], alone.adapter_state("checker")[lora_a[0]])
+
+    together.save(tmp_path / "saved")
+    shifted = {k: v + 1 for k, v in alone.adapter_state("checker").items()}
+    alone.load_adapter_state("checker", shifted)
+    assert all(torch.equal(alone.adapter_state("checker")[k], v) for k, v in shifted.items())
+    reloaded = build(["checker"], seed=7)
+    reloaded.load(tmp_path / "saved")
+    for key, value in together.adapter_state("checker").items():
+        assert torch.equal(reloaded.adapter_state("checker")[key], value), key
+    with pytest.raises(ValueError, match="does not match"):
+        reloaded.load_adapter_state("checker", {"nonsense.lora_A.weight": torch.zeros(1)})

@@ -10,6 +10,7 @@ distribution it was drawn from (temperature only; no hidden top-k/top-p warpers)
 from __future__ import annotations
 
 import functools
+import hashlib
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -166,6 +167,17 @@ def _stop_ids(model: Any, tokenizer: Any) -> set[int]:
     return {i for i in ids if i is not None}
 
 
+def adapter_seed(seed: int, agent: str) -> int:
+    """The seed of ``agent``'s LoRA initialisation in a run seeded ``seed``: a function of
+    the two alone (not of the agent's position or the other agents).
+
+    >>> adapter_seed(0, "verifier") == adapter_seed(0, "verifier") != adapter_seed(1, "verifier")
+    True
+    """
+    digest = hashlib.sha256(f"{seed}/{agent}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # torch.manual_seed takes < 2**63
+
+
 class AgentPolicies:
     """All agents' policies over one base model.
 
@@ -177,6 +189,11 @@ class AgentPolicies:
         adapters_dir: if given, load each agent's saved adapter from ``adapters_dir/<agent>``.
         gradient_checkpointing: recompute each decoder layer in the backward pass instead of
             keeping its activations (``model.gradient_checkpointing``).
+        seed: the run's seed. Each agent's LoRA initialisation draws from its own generator
+            seeded by ``adapter_seed(seed, agent)``, never from torch's global RNG: an agent's
+            initial adapter is the same whichever other agents share the process (a Ray
+            trainer actor holds one agent, a single process all), and the global RNG the
+            sampler draws from is left as the run seeded it.
     """
 
     def __init__(
@@ -189,6 +206,7 @@ class AgentPolicies:
         base_name: str | None = None,
         *,
         gradient_checkpointing: bool = False,
+        seed: int = 0,
     ) -> None:
         from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -199,27 +217,39 @@ class AgentPolicies:
         saved adapters record it instead of the converted model's cache path."""
         self.device = next(base.parameters()).device
         self.stop_ids = _stop_ids(base, tokenizer)
-        if adapters_dir is not None:
-            first, *rest = self.agents
-            self.model = PeftModel.from_pretrained(
-                base, adapters_dir / first, adapter_name=first, is_trainable=True
-            )
-            for name in rest:
-                self.model.load_adapter(adapters_dir / name, adapter_name=name, is_trainable=True)
-        else:
-            peft_cfg = LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=list(lora.target_modules),
-                task_type="CAUSAL_LM",
-            )
-            self.model = get_peft_model(base, peft_cfg, adapter_name=self.agents[0])
-            for name in self.agents[1:]:
-                self.model.add_adapter(name, peft_cfg)
+        peft_cfg = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        model: Any = base
+        for name in self.agents:
+            with self._adapter_rng(seed, name):
+                if adapters_dir is not None and model is base:
+                    model = PeftModel.from_pretrained(
+                        base, adapters_dir / name, adapter_name=name, is_trainable=True
+                    )
+                elif adapters_dir is not None:
+                    model.load_adapter(adapters_dir / name, adapter_name=name, is_trainable=True)
+                elif model is base:
+                    model = get_peft_model(base, peft_cfg, adapter_name=name)
+                else:
+                    model.add_adapter(name, peft_cfg)
+        self.model = model
         self.model.eval()
         if gradient_checkpointing:
             _checkpoint_layers(base)
+
+    @contextmanager
+    def _adapter_rng(self, seed: int, agent: str) -> Iterator[None]:
+        """Torch's RNGs (CPU and this model's GPU) seeded for ``agent``'s adapter, and put
+        back as they were afterwards."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(adapter_seed(seed, agent))
+            yield
 
     # ----------------------------------------------------------------- parameters
     def adapter_parameters(self, agent: str) -> list[torch.nn.Parameter]:
@@ -413,15 +443,34 @@ class AgentPolicies:
         The adapters keep their identity (an optimizer over ``adapter_parameters`` stays
         valid); raises ``ValueError`` when a saved file lacks one of an adapter's tensors.
         """
-        from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
         for agent in self.agents:
             weights = load_file(str(directory / agent / "adapter_model.safetensors"))
-            result: Any = set_peft_model_state_dict(self.model, weights, adapter_name=agent)
-            missing = [k for k in result.missing_keys if "lora_" in k and f".{agent}." in k]
-            if missing or result.unexpected_keys:
-                raise ValueError(
-                    f"{directory / agent}: saved adapter does not match agent {agent!r} "
-                    f"(missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]})"
-                )
+            try:
+                self.load_adapter_state(agent, weights)
+            except ValueError as err:
+                raise ValueError(f"{directory / agent}: {err}") from None
+
+    def adapter_state(self, agent: str) -> dict[str, torch.Tensor]:
+        """``agent``'s adapter weights as CPU tensors, keyed as in a saved adapter file: what a
+        separate engine (``mappa.cluster``) is sent after an update."""
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(self.model, adapter_name=agent)
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+    def load_adapter_state(self, agent: str, weights: dict[str, torch.Tensor]) -> None:
+        """Copy ``weights`` (``adapter_state``'s keys) into ``agent``'s live adapter, in place.
+
+        Raises ``ValueError`` when a tensor of the adapter is missing or one is unknown.
+        """
+        from peft import set_peft_model_state_dict
+
+        result: Any = set_peft_model_state_dict(self.model, weights, adapter_name=agent)
+        missing = [k for k in result.missing_keys if "lora_" in k and f".{agent}." in k]
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"saved adapter does not match agent {agent!r} "
+                f"(missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]})"
+            )
