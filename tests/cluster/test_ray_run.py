@@ -180,6 +180,29 @@ def test_one_actor_for_everything_trains_as_one_process(
     assert_same_run(train(cfg), single_run)
 
 
+def test_the_papers_layout_trains_with_an_engine_per_agent(
+    tiny_model_dir: Path, tmp_path: Path, two_nodes: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``engines: per_agent``: each agent samples on its own engine, beside its trainer;
+    every sync checks each engine holds its trainer's weights, so two steps finishing means
+    step 1 sampled the adapters step 0 trained. Tokens differ from one process (each engine
+    has its own seed); the update still trains every agent."""
+    caplog.set_level(logging.INFO, logger="mappa.cluster.launch")
+    cfg = ray_config(tiny_model_dir, tmp_path / "ray", two_nodes, "cluster.engines=per_agent")
+    run_dir = train(cfg)
+    nodes = _placements(caplog)
+    for agent in AGENT_NODES:
+        assert nodes[f"mappa-engine-{agent}"] == nodes[f"mappa-trainer-{agent}"]
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1]
+    for m in metrics:
+        for agent in AGENT_NODES:
+            assert m[f"rl/{agent}/skipped"] == "" and m[f"rl/{agent}/grad_norm"] > 0
+    for agent in AGENT_NODES:
+        saved = load_file(run_dir / "adapters" / agent / "adapter_model.safetensors")
+        assert any(t.abs().sum() > 0 for k, t in saved.items() if "lora_B" in k)
+
+
 def test_engine_sync_sends_the_trainers_weights(
     tiny_model_dir: Path, tmp_path: Path, two_nodes: str
 ) -> None:
