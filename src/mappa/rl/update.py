@@ -19,7 +19,7 @@ for one agent (``train.max_nonfinite_steps``): by then the adapter itself is usu
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -185,6 +185,56 @@ def policy_step(
     )
 
 
+AgentSteps = Callable[[Experience], Mapping[str, UpdateStats]]
+"""Takes each agent's optimizer step on its rows of the experience; returns the stats by
+agent. ``update_agents`` steps them here, one after another; ``mappa.cluster`` on each
+agent's trainer actor."""
+
+
+def run_update(
+    policy: TrainablePolicy,
+    episodes: Sequence[Episode],
+    cfg: RLConfig,
+    kl_ctl: KLController,
+    step_agents: AgentSteps,
+    *,
+    exclude_flagged: bool,
+    temperature: float,
+    recompute_old: bool = True,
+) -> dict[str, Any]:
+    """Advantages over the whole batch, the agents' steps (``step_agents``), then adapt beta.
+
+    Returns the step's metrics: ``kl_beta`` (the beta used), ``trained_actions``,
+    ``rl/<agent>/<stat>`` for every ``UpdateStats`` field, ``mean_kl`` over all real
+    completion tokens (``None`` when no action was scored or the run applies no KL),
+    ``rl/logprob_gap_max`` and ``rl/logprob_gap_mean`` (|recomputed old - sampling|; only
+    with ``recompute_old``, else the old log-probs are the sampling ones: see
+    ``make_experience``), ``rl/tis_capped_frac`` (with ``rl.tis_cap``) and the estimator's
+    degenerate-case counts (``rl/unwhitened_scopes``; ``rl/flat_groups``,
+    ``rl/singleton_groups``).
+
+    Raises ``ValueError`` for ``grpo``/``rloo`` when a task was sampled only once.
+    """
+    check_group_sizes(episodes, cfg.advantage)
+    items = scored_actions(episodes, exclude_flagged, needs_score=cfg.needs_coach)
+    out: dict[str, Any] = {"kl_beta": kl_ctl.beta, "trained_actions": len(items)}
+    if not items:
+        out["mean_kl"] = None
+        return out
+    exp = make_experience(policy, items, cfg, kl_ctl.beta, temperature, recompute_old)
+    for name, stats in step_agents(exp).items():
+        out.update({f"rl/{name}/{k}": v for k, v in asdict(stats).items()})
+    out["mean_kl"] = exp.mean_kl()
+    if recompute_old:
+        out["rl/logprob_gap_max"], out["rl/logprob_gap_mean"] = exp.logprob_gap()
+    if exp.is_weights is not None:
+        out["rl/tis_capped_frac"] = exp.tis_capped_frac()
+    out.update({f"rl/{k}": v for k, v in exp.counts.items()})
+    if out["mean_kl"] is not None:
+        kl_ctl.update(out["mean_kl"], int(exp.valid.sum()))
+    return out
+
+
 def update_agents(
     policy: TrainablePolicy,
     episodes: Sequence[Episode],
@@ -198,41 +248,29 @@ def update_agents(
     temperature: float,
     recompute_old: bool = True,
 ) -> dict[str, Any]:
-    """Advantages over the whole batch, one optimizer step per agent, then adapt beta.
+    """``run_update`` with every agent's step taken here, in ``agents`` order; metrics as
+    there.
 
     After each agent's step the C heap is trimmed (``mappa.models.memory``), so a run's peak
     memory does not grow with the number of agents.
-
-    Returns the step's metrics: ``kl_beta`` (the beta used), ``trained_actions``,
-    ``rl/<agent>/<stat>`` for every ``UpdateStats`` field, ``mean_kl`` over all real
-    completion tokens (``None`` when no action was scored or the run applies no KL),
-    ``rl/logprob_gap_max`` and ``rl/logprob_gap_mean`` (|recomputed old - sampling|; only
-    with ``recompute_old``, else the old log-probs are the sampling ones: see
-    ``make_experience``),
-    ``rl/tis_capped_frac`` (with ``rl.tis_cap``) and the estimator's degenerate-case counts
-    (``rl/unwhitened_scopes``; ``rl/flat_groups``, ``rl/singleton_groups``).
-
-    Raises ``ValueError`` for ``grpo``/``rloo`` when a task was sampled only once.
     """
-    check_group_sizes(episodes, cfg.advantage)
-    items = scored_actions(episodes, exclude_flagged, needs_score=cfg.needs_coach)
-    out: dict[str, Any] = {"kl_beta": kl_ctl.beta, "trained_actions": len(items)}
-    if not items:
-        out["mean_kl"] = None
-        return out
-    exp = make_experience(policy, items, cfg, kl_ctl.beta, temperature, recompute_old)
-    for name in agents:
-        stats = policy_step(
-            policy, name, exp, optimizers[name], params[name], cfg, kl_ctl.beta, temperature
-        )
-        out.update({f"rl/{name}/{k}": v for k, v in asdict(stats).items()})
-        trim_heap()  # the next agent's activations get fresh pages, not a grown heap
-    out["mean_kl"] = exp.mean_kl()
-    if recompute_old:
-        out["rl/logprob_gap_max"], out["rl/logprob_gap_mean"] = exp.logprob_gap()
-    if exp.is_weights is not None:
-        out["rl/tis_capped_frac"] = exp.tis_capped_frac()
-    out.update({f"rl/{k}": v for k, v in exp.counts.items()})
-    if out["mean_kl"] is not None:
-        kl_ctl.update(out["mean_kl"], int(exp.valid.sum()))
-    return out
+
+    def step_here(exp: Experience) -> dict[str, UpdateStats]:
+        stats = {}
+        for name in agents:
+            stats[name] = policy_step(
+                policy, name, exp, optimizers[name], params[name], cfg, kl_ctl.beta, temperature
+            )
+            trim_heap()  # the next agent's activations get fresh pages, not a grown heap
+        return stats
+
+    return run_update(
+        policy,
+        episodes,
+        cfg,
+        kl_ctl,
+        step_here,
+        exclude_flagged=exclude_flagged,
+        temperature=temperature,
+        recompute_old=recompute_old,
+    )
