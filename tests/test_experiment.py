@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from statistics import mean
@@ -17,6 +19,7 @@ from conftest import tiny_run_config
 from mappa.experiment import ExperimentError
 from mappa.experiment.markdown import results_markdown
 from mappa.experiment.results import TRAIN_WINDOW, RunRecord, summarize
+from mappa.experiment.runner import Experiment
 from mappa.experiment.spec import load_experiment, plan_runs
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
@@ -448,3 +451,22 @@ def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
     assert "process-s0: finished already" in capsys.readouterr().out
     assert {n: (out / "runs" / n / "metrics.jsonl").read_bytes() for n in names} == before
     assert read_jsonl(out / "timings.jsonl") == timings
+
+
+def test_progress_shows_every_step_even_when_several_end_between_two_looks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(
+        json.dumps({"step": 0, "accuracy": 0.25})
+        + "\n"
+        + json.dumps({"step": 1, "accuracy": 0.5, "eval/accuracy": 0.75})
+        + "\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])  # a child that is done at once
+    Experiment._watch(proc, "arm-s0", 0.0, (metrics, 3))
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in printed] == [
+        "arm-s0: step 1/3 accuracy 0.250",
+        "arm-s0: step 2/3 accuracy 0.500 held-out 0.750",
+    ]

@@ -224,7 +224,7 @@ class Experiment:
         start: float,
         progress: tuple[Path, int] | None,
     ) -> None:
-        """Wait for ``proc``, printing a line each time the run finishes a step."""
+        """Wait for ``proc``, printing a line for each step the run finishes."""
         seen, done = 0, False
         while not done:
             try:
@@ -235,17 +235,16 @@ class Experiment:
             if progress is None or not progress[0].is_file():
                 continue
             lines = read_jsonl(progress[0])
-            if len(lines) == seen:
-                continue
-            seen = len(lines)
-            acc, heldout = lines[-1].get("accuracy"), lines[-1].get("eval/accuracy")
-            shown = "" if heldout is None else f" held-out {heldout:.3f}"
-            print(
-                f"{label}: step {seen}/{progress[1]} accuracy "
-                f"{'-' if acc is None else f'{acc:.3f}'}{shown} "
-                f"({_clock(time.monotonic() - start)})",
-                flush=True,
-            )
+            for line in lines[seen:]:  # every step, even when several end between two looks
+                seen += 1
+                acc, heldout = line.get("accuracy"), line.get("eval/accuracy")
+                shown = "" if heldout is None else f" held-out {heldout:.3f}"
+                print(
+                    f"{label}: step {seen}/{progress[1]} accuracy "
+                    f"{'-' if acc is None else f'{acc:.3f}'}{shown} "
+                    f"({_clock(time.monotonic() - start)})",
+                    flush=True,
+                )
 
     def records(self) -> list[RunRecord]:
         """Each run's metrics lines and wall time (summed over its child processes)."""
