@@ -63,7 +63,7 @@ def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
     """Peak RSS after loading the demo model with ``agents`` adapters, sampling 8
     completions with each and one optimizer step per agent (the same work per agent: no
     stop token, so each samples exactly ``max_new_tokens``), the heap trimmed after each
-    agent as in ``update_agents``."""
+    agent as in ``policy_step``."""
     import torch
 
     from mappa.models.loading import load_base
@@ -90,7 +90,7 @@ def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
         (-lp.sum()).backward()
         optimizer.step()
         del lp, samples
-        trim_heap()  # as update_agents does after each agent
+        trim_heap()  # as policy_step does after each agent's step
     return {"agents": agents, "loaded_mib": loaded, "peak_mib": _peak_mib()}
 
 

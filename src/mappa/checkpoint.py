@@ -135,6 +135,19 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
+def torch_rng_state() -> dict[str, Any]:
+    """This process's torch RNG states: CPU, and every GPU's where there are any."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_torch_rng_state(state: Mapping[str, Any]) -> None:
+    """Put back what ``torch_rng_state`` returned (GPU states only where there are GPUs)."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 @dataclass
 class TrainState:
     """The live objects a checkpoint saves and restores.
@@ -205,8 +218,7 @@ def save_checkpoint(run_dir: Path, step: int, state: TrainState) -> Path:
             "coach_fallback_streak": state.coach_guard.streak,
             "batches": state.batches.state_dict(),
             "python_rng": random.getstate(),
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            **{f"{k}_rng": v for k, v in torch_rng_state().items()},  # torch_rng, cuda_rng
             "sampler_rng": None if state.samplers is None else state.samplers.state_dict(),
         },
         tmp / "state.pt",
@@ -352,9 +364,7 @@ def restore(run_dir: Path, state: TrainState) -> int:
             if ws.name[4:].isdigit() and int(ws.name[4:]) >= step:
                 shutil.rmtree(ws, ignore_errors=True)
     random.setstate(_tuples(saved["python_rng"]))
-    torch.set_rng_state(saved["torch_rng"])
-    if saved["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(saved["cuda_rng"])
+    set_torch_rng_state({"torch": saved["torch_rng"], "cuda": saved["cuda_rng"]})
     if state.samplers is not None and saved.get("sampler_rng") is not None:
         state.samplers.load_state_dict(saved["sampler_rng"])
     log.info("resumed %s from checkpoint %s (%d steps done)", run_dir, ckpt.name, step)

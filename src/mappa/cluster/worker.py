@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from mappa import factory
+from mappa.checkpoint import set_torch_rng_state, torch_rng_state
 from mappa.coach.context import CoachContext
 from mappa.config import RLConfig, RunConfig
 from mappa.models.interface import RolloutEngine, Sample, TokenLogprobs
-from mappa.models.memory import trim_heap
 from mappa.rl.experience import Experience
 from mappa.rl.schedule import set_step_lr
 from mappa.rl.update import UpdateStats, policy_step
@@ -112,13 +112,10 @@ class PolicyWorker:
             self.engine.release()
 
     def rng_state(self) -> dict[str, Any]:
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-        return {"torch": torch.get_rng_state(), "cuda": cuda}
+        return torch_rng_state()
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
-        torch.set_rng_state(state["torch"])
-        if state["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+        set_torch_rng_state(state)
 
     # ------------------------------------------------------------------ adapters
     def adapter_state(self, agent: str) -> dict[str, torch.Tensor]:
@@ -168,15 +165,12 @@ class PolicyWorker:
         step: int,
         total_steps: int,
     ) -> UpdateStats:
-        """``agent``'s optimizer step on the driver's experience, at the schedule's lr; the C
-        heap is trimmed after it, as ``update_agents`` does (one actor may train several)."""
+        """``agent``'s optimizer step on the driver's experience, at the schedule's lr."""
         optimizer = self.optimizers[agent]
         set_step_lr([optimizer], rl, step, total_steps)
-        stats = policy_step(
+        return policy_step(
             self.policies, agent, exp, optimizer, self.params[agent], rl, beta, temperature
         )
-        trim_heap()
-        return stats
 
     def optimizer_state(self, agent: str) -> dict[str, Any]:
         return self.optimizers[agent].state_dict()

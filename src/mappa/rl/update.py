@@ -105,7 +105,8 @@ def policy_step(
     truncated importance weights, grad-norm clipping, one optimizer step. No step at all
     (``skipped`` says why) when the agent has no action, every completion is masked out, no
     action carries reward signal, or the loss or gradient is not finite (``NON_FINITE``).
-    ``mean_kl`` is read from ``exp.kl``, computed once.
+    ``mean_kl`` is read from ``exp.kl``, computed once. After a step the C heap is trimmed
+    (``mappa.models.memory``), so a run's peak memory does not grow with its agents.
     """
     rows = exp.rows(agent)
     if not rows:
@@ -171,6 +172,7 @@ def policy_step(
     if finite:  # else drop the gradients: no Adam step, so its moments stay finite
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    trim_heap()  # the next agent's activations get fresh pages, not a grown heap
     return UpdateStats(
         actions=len(rows),
         tokens=n_tokens,
@@ -249,20 +251,15 @@ def update_agents(
     recompute_old: bool = True,
 ) -> dict[str, Any]:
     """``run_update`` with every agent's step taken here, in ``agents`` order; metrics as
-    there.
-
-    After each agent's step the C heap is trimmed (``mappa.models.memory``), so a run's peak
-    memory does not grow with the number of agents.
-    """
+    there."""
 
     def step_here(exp: Experience) -> dict[str, UpdateStats]:
-        stats = {}
-        for name in agents:
-            stats[name] = policy_step(
+        return {
+            name: policy_step(
                 policy, name, exp, optimizers[name], params[name], cfg, kl_ctl.beta, temperature
             )
-            trim_heap()  # the next agent's activations get fresh pages, not a grown heap
-        return stats
+            for name in agents
+        }
 
     return run_update(
         policy,
