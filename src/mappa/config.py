@@ -365,7 +365,13 @@ class CoachConfig(_Strict):
         "is `workflow.observation_chars`.",
     )
     show_ground_truth: bool = Field(
-        True, description="Show the reference answer when scoring the final agent."
+        True, description="Show the reference answer to the coach (see `reference_for`)."
+    )
+    reference_for: Literal["final", "all"] = Field(
+        "final",
+        description="Whose actions the coach judges with the reference answer in view: "
+        "`final` (the paper: the final agent only) or `all` (every agent, so the coach can "
+        "check an intermediate result against it). No effect when `show_ground_truth` is off.",
     )
     exclude_flagged: bool = Field(
         True, description="Leave actions whose score is a flagged fallback out of training."
@@ -380,6 +386,12 @@ class CoachConfig(_Strict):
     price_per_mtok: CoachPrices = Field(default_factory=CoachPrices)
     http: HttpCoachConfig = Field(default_factory=HttpCoachConfig)
     local: LocalCoachConfig = Field(default_factory=LocalCoachConfig)
+
+    @property
+    def reference_scope(self) -> Literal["none", "final", "all"]:
+        """Whose actions are judged with the reference in view: `none` when
+        `show_ground_truth` is off, else `reference_for`."""
+        return self.reference_for if self.show_ground_truth else "none"
 
 
 class RLConfig(_Strict):
@@ -461,6 +473,14 @@ class RLConfig(_Strict):
         "centered / max(std, whiten_eps). 1e-4 is the scale of verl's and OpenRLHF's variance "
         "floor (1e-8), a thousandth of a coach point in reward units. A scope whose scalar "
         "rewards are all equal is never divided (docs/algorithm.md §4).",
+    )
+    min_reward_spread: float = Field(
+        0.05,
+        ge=0.0,
+        description="Smallest spread (max - min) of a scope's scalar rewards that counts as "
+        "signal; below it the scope is only centered, not divided by its std, so a near-tie "
+        "of expected coach scores is not whitened into a full-size update. 0.05 is half a "
+        "coach point (rewards are score/10); 0 counts any difference as signal.",
     )
     tis_cap: float | None = Field(
         2.0,

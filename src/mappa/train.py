@@ -164,7 +164,7 @@ def train(
                     roles,
                     names[-1],
                     cfg.coach.observation_chars,
-                    cfg.coach.show_ground_truth,
+                    cfg.coach.reference_scope,
                     cfg.rollout.max_new_tokens,
                 )
             )

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from mappa.coach.context import CoachContext
 from mappa.sandbox.execute import cut_middle
 from mappa.workflow.records import Action, Episode, Score
+
+
+ReferenceFor = Literal["none", "final", "all"]
+"""Whose actions the coach judges with the reference in view (``CoachConfig.reference_scope``)."""
 
 
 class CoachFatalError(RuntimeError):
@@ -80,13 +84,16 @@ def build_context(
     roles: Mapping[str, str],
     final_agent: str,
     observation_chars: int = 2000,
-    show_ground_truth: bool = True,
+    reference_for: ReferenceFor = "final",
     output_limit: int | None = None,
 ) -> CoachContext:
-    """The coach's view of one action; the reference only for the final agent: the answer
-    (MathChat), or the outcome as it stood right after this action (DSBench)."""
+    """The coach's view of one action. The reference (the answer for MathChat; for DSBench
+    the outcome as it stood right after this action) is shown for the final agent
+    (``reference_for="final"``, the paper), for every agent (``"all"``), or never
+    (``"none"``)."""
     is_final = action.agent == final_agent
     obs = action.tool_observation
+    shown = reference_for == "all" or (reference_for == "final" and is_final)
     return CoachContext(
         truncated=action.truncated,
         output_limit=output_limit,
@@ -100,7 +107,7 @@ def build_context(
         observation=None if obs is None else cut_middle(obs, observation_chars),
         is_final=is_final,
         ground_truth=(action.coach_reference or episode.coach_reference or episode.answer)
-        if (is_final and show_ground_truth)
+        if shown
         else None,
         files=action.workspace_files,
     )
@@ -112,13 +119,13 @@ def score_episodes(
     roles: Mapping[str, str],
     final_agent: str,
     observation_chars: int = 2000,
-    show_ground_truth: bool = True,
+    reference_for: ReferenceFor = "final",
     output_limit: int | None = None,
 ) -> list[Score]:
     """Score every action of every episode in place (one batched backend call)."""
     pairs = [(ep, a) for ep in episodes for a in ep.actions]
     contexts = [
-        build_context(ep, a, roles, final_agent, observation_chars, show_ground_truth, output_limit)
+        build_context(ep, a, roles, final_agent, observation_chars, reference_for, output_limit)
         for ep, a in pairs
     ]
     scores = backend.score(contexts)

@@ -22,7 +22,9 @@ class Score:
     ``flagged`` marks a fallback value (coach unreachable or unparseable): it is recorded but
     left out of training by default, so a coach outage never pretends to be feedback.
     ``flag_reason`` says why (``unavailable``, ``unparseable``, ``out_of_range``,
-    ``no_score_mass``).
+    ``low_score_mass``). ``digit_mass`` is the probability the coach put on any score 0-10
+    where its score was read (None where the backend does not know it): a low mass means
+    the read position is not where the model writes a score, and the value is noise.
     """
 
     value: float
@@ -37,6 +39,7 @@ class Score:
     retries: int = 0
     cached: bool = False
     flag_reason: str = ""
+    digit_mass: float | None = None
 
 
 ToolStatus = Literal["ok", "error", "timeout", "limit"]
