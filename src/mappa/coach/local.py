@@ -1,10 +1,12 @@
 """In-process coach: the expected score under the model's distribution over 0-10.
 
-The model reads the probability of each score token right after ``PROCESS_SCORE:`` (no
-generation: one batched forward over the contexts, see ``mappa.models.scorer``); the
-expected value is a smooth reward that separates good from bad actions even when a small
-model would not write the format itself (docs/design.md §2). The model is injected as a
-``ScoreDistribution`` so this module imports no torch.
+The model reads the probability of each score where it would write the score's digit after
+``PROCESS_SCORE:`` (no generation: one batched forward over the contexts, see
+``mappa.models.scorer``); the expected value is a smooth reward that separates good from
+bad actions even when a small model would not write the format itself (docs/design.md §2).
+The probability on all scores together (the digit mass) is kept with each score: below
+``LOW_MASS`` the model was not about to write a score there and the score is flagged. The
+model is injected as a ``ScoreDistribution`` so this module imports no torch.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from mappa.coach.templates import CoachTemplate, render_messages
 from mappa.workflow.records import Score
 
 SCORE_PREFIX = "Analysis omitted.\nPROCESS_SCORE:"
+LOW_MASS = 0.5
+"""Below this probability on all scores together, where the score was read, a local score
+is flagged (``low_score_mass``): the model was not about to write a score there, so the
+ratio of the digits' small probabilities is noise. A coach that reads its scale has nearly
+all its mass on the digits; 0.5 leaves room for one that would rather write a word first."""
 
 
 class ScoreDistribution(Protocol):
@@ -26,6 +33,34 @@ class ScoreDistribution(Protocol):
     def __call__(
         self, conversations: Sequence[list[dict[str, str]]], prefix: str
     ) -> list[list[float]]: ...
+
+
+def expected_score(p: Sequence[float], backend: str, latency_s: float) -> Score:
+    """The score of one distribution over 0..10: its mean, flagged when its mass is low."""
+    mass = sum(p)
+    if mass <= 0.0:
+        return Score(
+            5.0,
+            "no probability on any score token",
+            flagged=True,
+            backend=backend,
+            latency_s=latency_s,
+            flag_reason="low_score_mass",
+            digit_mass=0.0,
+        )
+    expected = sum(s * q for s, q in enumerate(p)) / mass
+    top = max(range(len(p)), key=p.__getitem__)
+    low = mass < LOW_MASS
+    return Score(
+        value=expected,
+        rationale=f"expected score {expected:.2f} (mode {top}, digit mass {mass:.2f})"
+        + (f"; below {LOW_MASS}: the model was not about to write a score" if low else ""),
+        flagged=low,
+        backend=backend,
+        latency_s=latency_s,
+        flag_reason="low_score_mass" if low else "",
+        digit_mass=mass,
+    )
 
 
 class LocalCoach:
@@ -43,30 +78,4 @@ class LocalCoach:
             [render_messages(self.template, c) for c in contexts], SCORE_PREFIX
         )
         per = (time.monotonic() - start) / max(1, len(contexts))
-        scores = []
-        for p in probs:
-            mass = sum(p)
-            if mass < 1e-6:  # the model puts no weight on any score: no signal, say so
-                scores.append(
-                    Score(
-                        5.0,
-                        "no probability on any score token",
-                        None,
-                        True,
-                        self.name,
-                        per,
-                        flag_reason="no_score_mass",
-                    )
-                )
-                continue
-            expected = sum(s * q for s, q in enumerate(p)) / mass
-            top = max(range(len(p)), key=p.__getitem__)
-            scores.append(
-                Score(
-                    value=expected,
-                    rationale=f"expected score {expected:.2f} (mode {top}, digit mass {mass:.2f})",
-                    backend=self.name,
-                    latency_s=per,
-                )
-            )
-        return scores
+        return [expected_score(p, self.name, per) for p in probs]

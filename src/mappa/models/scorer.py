@@ -1,9 +1,9 @@
 """A local model's probability distribution over the scores 0..10 after a prefix.
 
-Digits are read at the position after the prefix, summing the probability of each digit
-with and without a leading space. "10" starts like "1", so the mass of "1" is split into 1
-and 10 by the probability of a following "0". Which tokens, and the split, are shared with
-the vLLM scorer (``mappa.models.score_tokens``).
+Scores are read where the model would write the score's digit after the prefix, summing
+the probability of every token that spells each of 0..10. Where "10" is "1" + "0", the mass
+of "1" is split into 1 and 10 by the probability of a following "0". Which tokens, where,
+and the split are shared with the other scorers (``mappa.models.score_tokens``).
 
 Every coach prompt of a call starts with the same system text, often half of its tokens. So
 the tokens all prompts share are run once and their KV cache is expanded over each batch;
@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from mappa.models.batching import token_batches
 from mappa.models.policies import kv_cache, left_pad, with_cache
-from mappa.models.score_tokens import digit_token_ids, one_guess, score_prompt_ids, split_ten
+from mappa.models.score_tokens import ScoreTokens, score_prompt_ids, score_tokens, split_ten
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
@@ -57,17 +57,22 @@ class ScoreDistributionModel:
         self.batch_size = batch_size
         self.batch_tokens = batch_tokens
         self.activate = activate  # e.g. "adapters off" when the coach shares the policy base
-        self.digit_ids = digit_token_ids(tokenizer)
-        self.zero_ids = self.digit_ids[0]
-        self.one_guess = one_guess(self.digit_ids)  # appended to every suffix
         self.device = next(model.parameters()).device
+        self._tokens: dict[str, ScoreTokens] = {}
+
+    def tokens(self, prefix: str) -> ScoreTokens:
+        """The score's tokens after ``prefix`` (found once per prefix)."""
+        if prefix not in self._tokens:
+            self._tokens[prefix] = score_tokens(self.tokenizer, prefix)
+        return self._tokens[prefix]
 
     def _batch(
-        self, suffixes: list[list[int]], prefix_cache: Any, shared: int
+        self, suffixes: list[list[int]], prefix_cache: Any, shared: int, tokens: ScoreTokens
     ) -> list[list[float]]:
-        """P(0..10) for prompts ``shared prefix + suffix``, the prefix's cache given."""
+        """P(0..10) for prompts ``shared prefix + suffix``, the prefix's cache given. The
+        guessed "1" rides along at the end of each suffix, for P("0" | "1")."""
         ids, mask, pos = left_pad(
-            [s + [self.one_guess] for s in suffixes], self.tokenizer.pad_token_id, self.device
+            [s + [tokens.one_guess] for s in suffixes], self.tokenizer.pad_token_id, self.device
         )
         cache = None
         if prefix_cache is not None:
@@ -84,13 +89,14 @@ class ScoreDistributionModel:
             logits_to_keep=2,
         )
         probs = F.softmax(out.logits[:, 0].float(), dim=-1)
-        digit = torch.stack([probs[:, i].sum(-1) for i in self.digit_ids], dim=1)
-        p_zero = F.softmax(out.logits[:, 1].float(), dim=-1)[:, self.zero_ids].sum(-1)
+        digit = torch.stack([probs[:, list(i)].sum(-1) for i in tokens.scores], dim=1)
+        zeros = list(tokens.zeros)
+        p_zero = F.softmax(out.logits[:, 1].float(), dim=-1)[:, zeros].sum(-1)
         # Rows whose likelier "1" is not the guess: one step with it in the guess's place
         # (same position; the guess is masked out of what it sees).
-        ones = torch.tensor(self.digit_ids[1], device=probs.device)
+        ones = torch.tensor(tokens.scores[1], device=probs.device)
         best = ones[probs[:, ones].argmax(-1)]
-        redo = (best != self.one_guess).nonzero().flatten()
+        redo = (best != tokens.one_guess).nonzero().flatten()
         if len(redo):
             kv_cache(out).batch_select_indices(redo)
             step_mask = torch.cat([mask[redo, :-1], torch.zeros_like(mask[redo, -1:])], dim=1)
@@ -102,14 +108,15 @@ class ScoreDistributionModel:
                 **with_cache(kv_cache(out)),
                 use_cache=True,
             )
-            p_zero[redo] = F.softmax(after.logits[:, -1].float(), dim=-1)[:, self.zero_ids].sum(-1)
+            p_zero[redo] = F.softmax(after.logits[:, -1].float(), dim=-1)[:, zeros].sum(-1)
         return [split_ten(d, z) for d, z in zip(digit.tolist(), p_zero.tolist(), strict=True)]
 
     @torch.no_grad()
     def __call__(
         self, conversations: Sequence[list[dict[str, str]]], prefix: str
     ) -> list[list[float]]:
-        seqs = score_prompt_ids(self.tokenizer, conversations, prefix)
+        tokens = self.tokens(prefix)
+        seqs = score_prompt_ids(self.tokenizer, conversations, prefix, tokens)
         if not seqs:
             return []
         # Every suffix keeps its last token: the score is read at that token's output.
@@ -125,7 +132,8 @@ class ScoreDistributionModel:
                 [len(s) - shared + 1 for s in seqs], self.batch_size, self.batch_tokens
             )
             for rows in tqdm(batches, desc="coach", leave=False):
-                probs = self._batch([seqs[i][shared:] for i in rows], prefix_cache, shared)
+                suffixes = [seqs[i][shared:] for i in rows]
+                probs = self._batch(suffixes, prefix_cache, shared, tokens)
                 for i, p in zip(rows, probs, strict=True):
                     result[i] = p
         return result

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mappa.models.interface import AdapterSource, Sample
-from mappa.models.score_tokens import digit_token_ids, one_guess, score_prompt_ids, split_ten
+from mappa.models.score_tokens import ScoreTokens, score_prompt_ids, score_tokens, split_ten
 
 if TYPE_CHECKING:
     from mappa.config import RunConfig
@@ -307,9 +307,9 @@ class VllmScoreDistribution:
     (no LoRA: adapters off, as the hf coach uses the trainer's base).
 
     The same quantities as ``mappa.models.scorer.ScoreDistributionModel`` (the tokens and the
-    split of "10" come from ``mappa.models.score_tokens``): P(each digit, bare or after a
-    space) at the position after the prefix, and P("0") after the likelier "1", both over
-    the full vocabulary, so a model with no mass on the digits is seen as such.
+    split of "10" come from ``mappa.models.score_tokens``): P(each spelling of 0..10) where
+    the score's digit would be written, and P("0") after the likelier "1", both over the
+    full vocabulary, so a model with no mass on the scores is seen as such.
 
     One ``generate`` call holds every action twice: the prompt, and the prompt followed by
     the guessed "1", each asking one token with ``logprob_token_ids`` (vLLM returns the
@@ -323,9 +323,13 @@ class VllmScoreDistribution:
 
     def __init__(self, engine: VllmEngine) -> None:
         self.engine = engine
-        self.digit_ids = digit_token_ids(engine.tokenizer)
-        self.zero_ids = self.digit_ids[0]
-        self.one_guess = one_guess(self.digit_ids)  # appended to every prompt
+        self._tokens: dict[str, ScoreTokens] = {}
+
+    def tokens(self, prefix: str) -> ScoreTokens:
+        """The score's tokens after ``prefix`` (found once per prefix)."""
+        if prefix not in self._tokens:
+            self._tokens[prefix] = score_tokens(self.engine.tokenizer, prefix)
+        return self._tokens[prefix]
 
     def _first_token_logprobs(
         self, prompts: Sequence[list[int]], token_ids: Sequence[list[int]]
@@ -354,7 +358,8 @@ class VllmScoreDistribution:
     def __call__(
         self, conversations: Sequence[list[dict[str, str]]], prefix: str
     ) -> list[list[float]]:
-        seqs = score_prompt_ids(self.engine.tokenizer, conversations, prefix)
+        tokens = self.tokens(prefix)
+        seqs = score_prompt_ids(self.engine.tokenizer, conversations, prefix, tokens)
         if not seqs:
             return []
         longest = max(map(len, seqs))
@@ -365,27 +370,28 @@ class VllmScoreDistribution:
                 "(up to the model's context), lower coach.observation_chars, or score with "
                 "coach.local.engine: hf"
             )
-        digits = [t for ids in self.digit_ids for t in ids]
+        spellings = [t for ids in tokens.scores for t in ids]
+        zeros = list(tokens.zeros)
         n = len(seqs)
         both = self._first_token_logprobs(
-            [p for s in seqs for p in (s, [*s, self.one_guess])],
-            [digits, self.zero_ids] * n,
+            [p for s in seqs for p in (s, [*s, tokens.one_guess])],
+            [spellings, zeros] * n,
         )
         at_score, after_guess = both[0::2], both[1::2]
-        ones = self.digit_ids[1]
+        ones = tokens.scores[1]
         best = [max(ones, key=lp.__getitem__) for lp in at_score]
-        redo = [i for i in range(n) if best[i] != self.one_guess]
+        redo = [i for i in range(n) if best[i] != tokens.one_guess]
         after_one = list(after_guess)
         if redo:
             again = self._first_token_logprobs(
-                [[*seqs[i], best[i]] for i in redo], [self.zero_ids] * len(redo)
+                [[*seqs[i], best[i]] for i in redo], [zeros] * len(redo)
             )
             for i, lp in zip(redo, again, strict=True):
                 after_one[i] = lp
         return [
             split_ten(
-                [sum(math.exp(lp[t]) for t in ids) for ids in self.digit_ids],
-                sum(math.exp(z[t]) for t in self.zero_ids),
+                [sum(math.exp(lp[t]) for t in ids) for ids in tokens.scores],
+                sum(math.exp(z[t]) for t in zeros),
             )
             for lp, z in zip(at_score, after_one, strict=True)
         ]
