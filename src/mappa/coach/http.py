@@ -11,7 +11,8 @@ parse; if all of that fails, or the server never answers, the action gets a neut
 marked ``flagged`` with its reason. Nothing else raises: any reply shape is either read or
 becomes a flagged score. Error texts are stored with credentials redacted.
 With ``score_mode: expected`` the score is the expected value over the probabilities of
-0-10 at the score position (``logprobs``/``top_logprobs``), falling back to the sampled one.
+0-10 at the score position (``logprobs``/``top_logprobs``), falling back to the sampled one;
+the probability on any score there is kept as ``Score.digit_mass``.
 docs/reliability.md has the fault model.
 """
 
@@ -35,7 +36,12 @@ from tqdm import tqdm
 
 from mappa.coach.base import CoachFatalError
 from mappa.coach.context import CoachContext
-from mappa.coach.parse import ParsedScore, expected_score_from_logprobs, parse_score
+from mappa.coach.parse import (
+    ExpectedScore,
+    ParsedScore,
+    expected_score_from_logprobs,
+    parse_score,
+)
 from mappa.coach.templates import CoachTemplate, corrective_message, render_messages
 from mappa.config import HttpCoachConfig
 from mappa.workflow.records import Score
@@ -240,12 +246,12 @@ def read_reply(data: object) -> tuple[str, int, int, list[dict[str, Any]] | None
     )
 
 
-def _expected(logprobs: list[dict[str, Any]] | None) -> float | None:
+def _expected(logprobs: list[dict[str, Any]] | None) -> ExpectedScore | None:
     try:
-        value = expected_score_from_logprobs(logprobs or [])
+        read = expected_score_from_logprobs(logprobs or [])
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
         return None  # malformed logprobs: the sampled score stands
-    return value if value is not None and math.isfinite(value) else None
+    return read if read is not None and all(map(math.isfinite, read)) else None
 
 
 def _lenient(first: str, second: str, strict: ParsedScore) -> ParsedScore:
@@ -394,11 +400,12 @@ class HttpCoach:
                 str(err), err.retries + sum(r.retries for r in replies)
             ) from None
         value = parsed.process_score
+        digit_mass = None
         if self.cfg.score_mode == "expected":
             for reply in reversed(replies):
                 expected = _expected(reply.logprobs)
                 if expected is not None:
-                    value = expected
+                    value, digit_mass = expected
                     break
         prompt = sum(r.prompt_tokens for r in replies)
         completion = sum(r.completion_tokens for r in replies)
@@ -417,6 +424,7 @@ class HttpCoach:
             completion_tokens=completion,
             retries=sum(r.retries for r in replies),
             flag_reason=reason,
+            digit_mass=digit_mass,
         )
 
     async def _score_all(self, contexts: Sequence[CoachContext]) -> list[Score]:

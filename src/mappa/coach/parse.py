@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # After the tag: spaces, and any of the wrappers coaches put around a number (markdown bold
 # is stripped before matching): [7], (7), "8", '8', `8`, {8}.
@@ -66,24 +66,38 @@ def parse_score(text: str, lenient: bool = False) -> ParsedScore:
 _BEFORE_SCORE = re.compile(r"PROCESS_SCORE\s*[:=]\s*$", re.IGNORECASE)
 
 
+class ExpectedScore(NamedTuple):
+    """``value``: the expected score; ``digit_mass``: the summed probability of the score
+    tokens among the alternatives at the score position (low: the score was not read where
+    the model writes one, and ``value`` is noise)."""
+
+    value: float
+    digit_mass: float
+
+
 def _score_token(token: str) -> int | None:
+    """The score 0-10 a token writes: ASCII digits only (``int`` would also read "²")."""
     t = token.strip()
-    return int(t) if t.isdigit() and int(t) <= 10 and len(t) <= 2 else None
+    return int(t) if t.isascii() and t.isdigit() and int(t) <= 10 else None
 
 
-def expected_score_from_logprobs(tokens: list[dict[str, Any]]) -> float | None:
+def expected_score_from_logprobs(tokens: list[dict[str, Any]]) -> ExpectedScore | None:
     """Expected score from an OpenAI-style ``logprobs.content`` list (with ``top_logprobs``).
 
-    Finds the last token that follows ``PROCESS_SCORE:`` and is a number, and averages the
-    scores 0-10 over its top alternatives. Where "10" is two tokens, the probability of "1"
-    is split into 1 and 10 by the probability of "0" at the next position (known only when
-    "1" was the sampled token). None when no such position exists.
+    Finds the last token that follows ``PROCESS_SCORE:`` and is a score, and averages the
+    scores 0-10 over its top alternatives. Where "10" is two tokens, "1" may start 10:
+    when "1" was sampled, its probability is split into 1 and 10 by the probability of "0"
+    at the next position. When it was not, that share is unknown (an OpenAI-style reply
+    has no next position for an unsampled token), so the mass of "1" is left out and the
+    rest renormalised; at temperature 0 what is left out is at most P(sampled). A
+    single-token "10" among the alternatives shows the tokenizer writes 10 in one token,
+    and then "1" is the score 1. None when no score position exists or no mass is left.
 
     >>> toks = [{"token": "PROCESS_SCORE:", "top_logprobs": []},
     ...         {"token": " 8", "top_logprobs": [{"token": " 8", "logprob": -0.2231},
     ...                                          {"token": " 6", "logprob": -1.6094}]}]
-    >>> round(expected_score_from_logprobs(toks), 2)
-    7.6
+    >>> [round(x, 2) for x in expected_score_from_logprobs(toks)]
+    [7.6, 1.0]
     """
     text, position = "", None
     for i, tok in enumerate(tokens):
@@ -95,20 +109,27 @@ def expected_score_from_logprobs(tokens: list[dict[str, Any]]) -> float | None:
         text += tok.get("token", "")
     if position is None:
         return None
+    sampled = tokens[position]
     probs = [0.0] * 11
-    for alt in tokens[position].get("top_logprobs") or [
-        {"token": tokens[position]["token"], "logprob": 0.0}
+    for alt in sampled.get("top_logprobs") or [
+        {"token": sampled["token"], "logprob": sampled.get("logprob", 0.0)}
     ]:
         value = _score_token(alt.get("token", ""))
         if value is not None:
             probs[value] += math.exp(alt["logprob"])
-    if _score_token(tokens[position]["token"]) == 1 and position + 1 < len(tokens):
-        p_zero = sum(
-            math.exp(a["logprob"])
-            for a in tokens[position + 1].get("top_logprobs") or []
-            if a.get("token", "").strip() == "0"
-        )
-        probs[10] += probs[1] * p_zero
-        probs[1] *= 1 - p_zero
+    digit_mass = sum(probs)
+    if _score_token(sampled["token"]) == 1:
+        if position + 1 < len(tokens):
+            p_zero = sum(
+                math.exp(a["logprob"])
+                for a in tokens[position + 1].get("top_logprobs") or []
+                if a.get("token", "").strip() == "0"
+            )
+            probs[10] += probs[1] * p_zero
+            probs[1] *= 1 - p_zero
+    elif probs[10] == 0.0:  # no single-token "10" seen: "1" may be the start of 10
+        probs[1] = 0.0
     mass = sum(probs)
-    return sum(s * p for s, p in enumerate(probs)) / mass if mass > 0 else None
+    if mass <= 0:
+        return None
+    return ExpectedScore(sum(s * p for s, p in enumerate(probs)) / mass, digit_mass)

@@ -42,6 +42,7 @@ class Groups:
 class EstimatorConfig:
     gamma: float = 1.0
     eps: float = 1e-4  # rl.whiten_eps: floor of every std divided by
+    min_spread: float = 0.05  # rl.min_reward_spread: smallest reward spread that is signal
 
 
 class Estimate(NamedTuple):
@@ -50,8 +51,9 @@ class Estimate(NamedTuple):
     Attributes:
         advantages: ``(B, T)``, 0 on masked tokens.
         returns: ``(B, T)`` returns-to-go of the (shaped) token rewards.
-        signal: ``(B,)`` bool: the row's scalar reward differs from another one it is
-            compared with (its whitening scope, or its task group), and the row is trained.
+        signal: ``(B,)`` bool: the scalar rewards the row is compared with (its whitening
+            scope, or its task group) spread by at least ``min_spread``, and the row is
+            trained.
         counts: degenerate cases, logged as ``rl/<key>`` (e.g. ``unwhitened_scopes``).
     """
 
@@ -87,9 +89,10 @@ def _whitened(
     scalars: torch.Tensor,
     cfg: EstimatorConfig,
 ) -> Estimate:
-    """Whiten ``returns`` per scope; a scope whose ``scalars`` are all equal is only centered."""
+    """Whiten ``returns`` per scope; a scope whose ``scalars`` spread less than
+    ``cfg.min_spread`` (all equal, at 0) is only centered."""
     live = _live(mask)
-    signal = group_spread(scope, scalars, live)
+    signal = group_spread(scope, scalars, live, cfg.min_spread)
     flat = {int(g) for g in torch.unique(scope[live])} - {int(g) for g in scope[signal]}
     adv = grouped_whiten(returns, mask, scope, cfg.eps, divide=signal)
     return Estimate(adv, returns, signal, {"unwhitened_scopes": len(flat)})
@@ -103,8 +106,9 @@ def reinforce_pp(
 
     MAPPA whitens per agent over that agent's whole batch, not per prompt group (there is
     no group: downstream agents' inputs differ from episode to episode). A scope whose
-    scalar rewards are all equal carries no signal and is only centered: dividing by its
-    std would blow the KL term's noise up to unit-size advantages.
+    scalar rewards spread less than ``cfg.min_spread`` (all equal, at 0) carries no signal
+    and is only centered: dividing by its std would blow the KL term's noise, or a near-tie
+    of expected coach scores, up to unit-size advantages.
     """
     returns = returns_to_go(token_rewards, mask, cfg.gamma)
     return _whitened(returns, mask, groups.scope, groups.rewards, cfg)
@@ -135,11 +139,14 @@ def _group_baselined(
     """OpenRLHF's shape for group baselines: the baseline-adjusted scalar replaces R on the
     last token (the per-token KL penalty stays), then return-to-go with gamma; no whitening.
 
-    ``adjust`` maps a group's scalar rewards (two or more, not all equal) to adjusted ones.
-    A group of one, or one whose rewards are all equal, gets exactly 0 and carries no signal.
-    Every row of a group, trained or masked out, counts toward its baseline.
+    ``adjust`` maps a group's scalar rewards (two or more, spread by at least
+    ``cfg.min_spread``) to adjusted ones. A group of one, or one whose rewards spread less
+    (all equal, at 0), gets exactly 0 and carries no signal: GRPO would divide a near-tie by
+    its tiny std. Every row of a group, trained or masked out, counts toward its baseline.
     """
     rewards = groups.rewards.to(token_rewards.dtype)
+    everyone = torch.ones_like(rewards, dtype=torch.bool)
+    signal = group_spread(groups.prompt, rewards, everyone, cfg.min_spread)
     adjusted = torch.zeros_like(rewards)
     singletons = flat = 0
     for g in torch.unique(groups.prompt):
@@ -147,11 +154,10 @@ def _group_baselined(
         r = rewards[rows]
         if r.numel() < 2:
             singletons += 1
-        elif bool((r == r[0]).all()):
+        elif not bool(signal[rows].any()):
             flat += 1
         else:
             adjusted[rows] = adjust(r)
-    signal = group_spread(groups.prompt, rewards, torch.ones_like(rewards, dtype=torch.bool))
     shaped = _swap_scalar(token_rewards, mask, rewards, adjusted)
     returns = returns_to_go(shaped, mask, cfg.gamma)
     counts = {"flat_groups": flat, "singleton_groups": singletons}

@@ -68,21 +68,34 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-4) -> tor
     return centered / torch.clamp(std, min=eps)
 
 
-def group_spread(ids: torch.Tensor, values: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-    """Per row (``(B,)`` bool): does the row's group hold two different ``values``?
+SPREAD_TOLERANCE = 1e-6
+"""Slack on ``min_spread``: rewards are float32, whose rounding (e.g. 0.35 - 0.3 stored as
+0.0499999...) must not decide whether a half-point difference of scores counts."""
+
+
+def group_spread(
+    ids: torch.Tensor, values: torch.Tensor, live: torch.Tensor, min_spread: float = 0.0
+) -> torch.Tensor:
+    """Per row (``(B,)`` bool): do the row's group's ``values`` spread (max - min) by at
+    least ``min_spread`` (``rl.min_reward_spread``; 0: any two different values)?
 
     Only ``live`` rows count (rows with at least one token in the loss); a row that is not
     live is never marked. ``ids`` are the rows' group ids, ``values`` their scalars.
 
-    >>> group_spread(torch.tensor([0, 0, 1, 1]), torch.tensor([0.5, 0.5, 0.2, 0.9]),
-    ...              torch.tensor([True, True, True, True])).tolist()
+    >>> ids, live = torch.tensor([0, 0, 1, 1]), torch.ones(4, dtype=torch.bool)
+    >>> group_spread(ids, torch.tensor([0.5, 0.5, 0.2, 0.9]), live).tolist()
+    [False, False, True, True]
+    >>> group_spread(ids, torch.tensor([0.5, 0.501, 0.2, 0.9]), live, 0.05).tolist()
     [False, False, True, True]
     """
     out = torch.zeros_like(live, dtype=torch.bool)
     for g in torch.unique(ids):
         rows = (ids == g) & live
         vals = values[rows]
-        if vals.numel() > 1 and bool((vals != vals[0]).any()):
+        if vals.numel() < 2:
+            continue
+        spread = float(vals.max() - vals.min())
+        if spread > 0 and spread >= min_spread - SPREAD_TOLERANCE:
             out[rows] = True
     return out
 
@@ -97,7 +110,8 @@ def grouped_whiten(
     """``masked_whiten`` separately within each group of rows (``groups``: (B,) ids).
 
     ``divide`` ((B,) bool): a group none of whose rows is marked is only centered, not
-    divided by its std (a scope without reward signal; docs/algorithm.md §4).
+    divided by its std (a scope without reward signal, ``group_spread``; docs/algorithm.md
+    §4).
     """
     out = torch.zeros_like(x)
     for g in torch.unique(groups):

@@ -313,7 +313,10 @@ def compute_advantages(
         reward_beta = 0.0 if cfg.kl_in_loss else beta
         r = token_rewards(batch.groups.rewards, kl, batch.valid, reward_beta)
     est = get_estimator(cfg.advantage)(
-        r, batch.loss_mask, batch.groups, EstimatorConfig(cfg.gamma, cfg.whiten_eps)
+        r,
+        batch.loss_mask,
+        batch.groups,
+        EstimatorConfig(cfg.gamma, cfg.whiten_eps, cfg.min_reward_spread),
     )
     return est, kl
 

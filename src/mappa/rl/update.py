@@ -128,7 +128,8 @@ def policy_step(
             n_tokens,
             mean_reward=mean_reward,
             mean_kl=exp.mean_kl(rows),
-            skipped="no reward signal (every reward it is compared with is equal)",
+            skipped="no reward signal (the rewards it is compared with spread less than "
+            "rl.min_reward_spread)",
         )
     normalizer = (
         float(n_tokens) if cfg.loss_agg == "token_mean" else float((mask.sum(-1) > 0).sum())

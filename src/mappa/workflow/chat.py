@@ -9,9 +9,28 @@ code's fault (1) in docs/design.md §1).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _SENTINEL = "\u2063MAPPA_SENTINEL\u2063"
+
+
+def plain_transcript(messages: Sequence[Mapping[str, str]]) -> str:
+    """The messages an agent saw as plain text, each under a ``[role]`` header line.
+
+    This is what the coach and the report read of an agent's input: the decoded prompt ids
+    carry the policy's chat control tokens (ChatML's ``<|im_start|>system``), which the
+    coach's own chat template would read as turn boundaries.
+
+    >>> print(plain_transcript([{"role": "system", "content": "You solve."},
+    ...                         {"role": "user", "content": "2+2?"}]))
+    [system]
+    You solve.
+    <BLANKLINE>
+    [user]
+    2+2?
+    """
+    return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
 
 
 class ChatFormat:

@@ -51,7 +51,13 @@ non-zero exit, a crash)."""
 
 @dataclass
 class Action:
-    """One generation of one agent (plus the tool run it triggered, if any)."""
+    """One generation of one agent (plus the tool run it triggered, if any).
+
+    ``prompt_text`` is what the coach and the report read of the agent's input: every
+    message it saw (role, task, earlier turns) as plain text under ``[role]`` headers
+    (``chat.plain_transcript``), free of the policy's chat control tokens. The exact
+    tokens are ``prompt_ids``. Episodes written before held the decoded prompt ids here.
+    """
 
     episode_id: str
     agent: str

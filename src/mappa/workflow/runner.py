@@ -29,7 +29,7 @@ from mappa.sandbox import (
     extract_code_blocks,
 )
 from mappa.tasks import Task
-from mappa.workflow.chat import ChatFormat
+from mappa.workflow.chat import ChatFormat, plain_transcript
 from mappa.workflow.interface import Phase, RolloutInput, RolloutOutput, SamplingParams
 from mappa.workflow.outcome import judge
 from mappa.workflow.records import Action, Episode, ToolStatus
@@ -40,6 +40,7 @@ class _Slot:
     """Per-episode state while one agent is acting."""
 
     prompt: list[int]
+    messages: list[dict[str, str]]  # the conversation ``prompt`` renders, as text
     output: str = ""
     observation: str | None = None
 
@@ -165,13 +166,18 @@ class PipelineRunner:
         a submission a later turn wrote)."""
         slots = []
         for f in fields:
-            prompt = self.chat.first_prompt(agent.role, agent.input_template.format(**f))
+            user = agent.input_template.format(**f)
+            prompt = self.chat.first_prompt(agent.role, user)
             if len(prompt) > self.max_prompt_tokens:
                 raise ValueError(
                     f"agent {agent.name}: prompt of {len(prompt)} tokens exceeds "
                     f"rollout.max_prompt_tokens={self.max_prompt_tokens}"
                 )
-            slots.append(_Slot(prompt))
+            messages = [
+                {"role": "system", "content": agent.role},
+                {"role": "user", "content": user},
+            ]
+            slots.append(_Slot(prompt, messages))
         active = list(range(len(episodes)))
         for turn in range(agent.max_actions):
             if not active:
@@ -197,7 +203,7 @@ class PipelineRunner:
                         prompt_ids=list(sample.prompt_ids),
                         completion_ids=list(sample.completion_ids),
                         sample_logprobs=list(sample.logprobs),
-                        prompt_text=self.chat.decode(list(sample.prompt_ids), skip_special=False),
+                        prompt_text=plain_transcript(slots[i].messages),
                         completion_text=text,
                         truncated=sample.truncated,
                         tool_observation=obs,
@@ -216,16 +222,21 @@ class PipelineRunner:
                     continue  # no code: the tool loop ends here
                 slot.observation = obs
                 shown = cut_middle(obs, self.workflow.observation_chars)
+                tool_turn = self.workflow.tool_turn_template.format(observation=shown)
                 nxt = (
                     list(sample.prompt_ids)
                     + list(sample.completion_ids)
                     + self.chat.tool_turn(
-                        self.workflow.tool_turn_template.format(observation=shown),
+                        tool_turn,
                         last_token=sample.completion_ids[-1] if sample.completion_ids else None,
                     )
                 )
                 if len(nxt) <= self.max_prompt_tokens:
                     slot.prompt = nxt
+                    slot.messages += [
+                        {"role": "assistant", "content": text},
+                        {"role": "user", "content": tool_turn},
+                    ]
                     still.append(i)
             active = still
         for f, slot in zip(fields, slots, strict=True):
