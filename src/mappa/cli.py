@@ -13,10 +13,19 @@ import logging
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mappa.config import ConfigError, RunConfig, load_config
+
+if TYPE_CHECKING:
+    from mappa.coach.base import CoachBackend
+    from mappa.coach.context import CoachContext
+    from mappa.coach.servers import LocalServer
+    from mappa.workflow.records import Score
 
 
 def default_config() -> Path:
@@ -30,10 +39,20 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_text in [
         ("train", "rollout -> coach -> update for train.steps steps"),
         ("eval", "pipeline accuracy on a task set, graded deterministically"),
-        ("coach-check", "score built-in good and bad actions: does the coach discriminate?"),
+        (
+            "coach-check",
+            "does the coach discriminate? score labelled good and bad actions (built-in or "
+            "--cases), or rescore a run's episodes against their outcomes (--episodes)",
+        ),
     ]:
         s = sub.add_parser(name, help=help_text)
-        s.add_argument("--config", type=Path, default=None, help="run config YAML (default: demo)")
+        config_help = "run config YAML (default: demo)"
+        if name == "coach-check":
+            config_help = (
+                "run config YAML or experiment file (default: with --episodes the run's "
+                "config.yaml, else demo)"
+            )
+        s.add_argument("--config", type=Path, default=None, help=config_help)
         s.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. rl.lr=1e-5")
     serve = sub.add_parser(
         "coach-serve",
@@ -88,6 +107,54 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="where runs, configs and results go (default: runs/experiments/<config name>)",
+    )
+    check = sub.choices["coach-check"]
+    given = check.add_mutually_exclusive_group()
+    given.add_argument(
+        "--cases",
+        type=Path,
+        default=None,
+        metavar="FILE.jsonl",
+        help="labelled actions, one JSON object a line: agent, task, answer, output, "
+        "observation (the tool output, or null), good (true/false); optional: input (the "
+        "agent's whole input, default 'Problem: {task}') and truncated (default: a built-in "
+        "MathChat set)",
+    )
+    given.add_argument(
+        "--episodes",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="rescore a run's recorded training episodes (RUN_DIR/episodes.jsonl; held-out "
+        "ones are in another file) with this coach: per agent the AUC against the graded "
+        "outcome and how the scores spread; without --config the run's own config.yaml",
+    )
+    check.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --episodes: rescore N episodes spread evenly over the run (default: all)",
+    )
+    check.add_argument(
+        "--json", type=Path, default=None, metavar="OUT", help="also write the results as JSON"
+    )
+    check.add_argument(
+        "--serve",
+        default=None,
+        metavar="KIND:MODEL",
+        help="start a coach server (llamacpp or vllm, over a model as for `coach-serve --model`, "
+        "e.g. llamacpp:pypi:qwen2.5-coder-1.5b-instruct) on a free loopback port, score with "
+        "the HTTP coach against it, and stop it at the end",
+    )
+    check.add_argument(
+        "--threads", type=int, default=2, help="with --serve llamacpp: decoding threads"
+    )
+    check.add_argument(
+        "--arm",
+        default=None,
+        help="when --config is an experiment file: score with this arm's config (default: the "
+        "base config with the common overrides)",
     )
     sub.choices["train"].add_argument(
         "--resume",
@@ -210,15 +277,225 @@ def _fmt(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _coach_check(cfg: RunConfig) -> int:
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+class _ServerStartError(RuntimeError):
+    """A coach server this command started did not come up."""
+
+
+@contextmanager
+def _serving(server: LocalServer | None) -> Iterator[None]:
+    """Run the body with ``server`` started (nothing to do for None) and stop it after, also
+    on an error, Ctrl-C or SIGTERM (which stops it like Ctrl-C)."""
+    if server is None:
+        yield
+        return
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        print(
+            f"coach server ({server.name}): starting at {server.base_url}; log {server.log}",
+            flush=True,
+        )
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError) as err:
+            raise _ServerStartError(f"coach server ({server.name}) did not start: {err}") from None
+        yield
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _is_experiment(path: Path) -> bool:
+    """An experiment file (it has ``arms:``) rather than a run config."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # load_config says what is wrong with it
+    return isinstance(raw, dict) and "arms" in raw
+
+
+def _check_config(args: argparse.Namespace) -> tuple[RunConfig, LocalServer | None]:
+    """The config coach-check scores with, and the coach server to start for it (not
+    started yet). ``--config`` may be a run config or an experiment file (its base config
+    with its common overrides, ``--arm``'s, then the command line's; its ``coach_server:``);
+    without it, the run's own config (``--episodes``), else the demo's. ``--serve`` (or
+    the experiment's server) points the HTTP coach at the server."""
     from mappa import factory
-    from mappa.coach.check import run_check
+
+    path = args.config
+    if path is None and args.episodes is not None:
+        run_dir = args.episodes if args.episodes.is_dir() else args.episodes.parent
+        if (run_dir / "config.yaml").is_file():
+            path = run_dir / "config.yaml"
+    path = path or default_config()
+    overrides = list(args.overrides)
+    server = None
+    if _is_experiment(path):
+        from mappa.experiment.spec import base_config_path, load_experiment
+
+        spec = load_experiment(path)
+        arm: list[str] = []
+        if args.arm is not None:
+            if args.arm not in spec.arms:
+                raise ValueError(f"{path}: no arm {args.arm!r} (arms: {', '.join(spec.arms)})")
+            arm = spec.arms[args.arm]
+        overrides = [*spec.overrides, *arm, *overrides]
+        if spec.coach_server is not None and args.serve is None:
+            try:
+                server = spec.coach_server.build()
+            except (ValueError, OSError) as err:
+                raise ValueError(f"{path}: coach_server: {err}") from None
+        path = base_config_path(spec.base, path)
+    elif args.arm is not None:
+        raise ValueError(f"--arm: {path} is not an experiment file (it has no arms:)")
+    if args.serve is not None:
+        from mappa.coach.servers import make_server
+
+        kind, _, model = args.serve.partition(":")
+        if not model:
+            raise ValueError(
+                f"--serve {args.serve!r}: give KIND:MODEL, e.g. "
+                "llamacpp:pypi:qwen2.5-coder-1.5b-instruct"
+            )
+        try:
+            server = make_server(kind, model, threads=args.threads)
+        except (ValueError, OSError) as err:
+            raise ValueError(f"--serve: {err}") from None
+    if server is not None:
+        from mappa.experiment.spec import http_coach_overrides
+
+        overrides += http_coach_overrides(server.base_url)
+    cfg = load_config(path, overrides)
+    factory.check(cfg)
+    return cfg, server
+
+
+class _Report(Protocol):
+    """A coach-check report (``mappa.coach.check``)."""
+
+    def table(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def _check_plan(
+    cfg: RunConfig, args: argparse.Namespace
+) -> tuple[str, list[CoachContext], Callable[[list[Score], float], _Report]]:
+    """What coach-check scores (the labelled cases, or the run's episodes), as contexts built
+    as training builds them, and how the scores become its report. Reads and validates
+    every input before anything starts."""
+    from mappa.coach import check
+
+    names = [a.name for a in cfg.agents]
+    roles = {a.name: a.role for a in cfg.agents}
+    view = (
+        cfg.coach.observation_chars,
+        cfg.coach.reference_scope,
+        cfg.rollout.max_new_tokens,
+    )
+    if args.episodes is None:
+        if args.limit is not None:
+            raise ValueError("--limit: only with --episodes")
+        final = names[-1]
+        if args.cases is None:
+            cases = list(check.CASES)
+            roles, final = check.builtin_team(roles, final)
+            source = "built-in cases"
+        else:
+            if not args.cases.is_file():
+                raise FileNotFoundError(f"{args.cases}: no such cases file")
+            cases = check.parse_cases(args.cases.read_text().splitlines(), names, str(args.cases))
+            source = str(args.cases)
+        contexts = check.case_contexts(cases, roles, final, *view)
+        return source, contexts, lambda scores, s: check.check_report(scores, cases, s)
+    from mappa.workflow.records import read_episodes
+
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit {args.limit}: give at least 1")
+    path = args.episodes / "episodes.jsonl" if args.episodes.is_dir() else args.episodes
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (a run dir holds episodes.jsonl)")
+    try:
+        episodes = check.spaced(read_episodes(path), args.limit)
+    except (TypeError, KeyError, ValueError) as err:
+        raise ValueError(f"{path}: not a file of recorded episodes ({err})") from None
+    if not episodes:
+        raise ValueError(f"{path}: no episodes")
+    unknown = check.unknown_agents(episodes, names)
+    if unknown:
+        raise ValueError(
+            f"{path}: agents {unknown} act in these episodes but are not among the config's "
+            f"agents {names}; use the run's own config (omit --config) or one with its agents"
+        )
+    contexts = check.episode_contexts(episodes, roles, names[-1], *view)
+    return (
+        str(path),
+        contexts,
+        lambda scores, s: check.rescore_report(episodes, scores, s, names),
+    )
+
+
+def _check_coach(cfg: RunConfig) -> CoachBackend:
+    """The configured coach; the policy base is loaded only for a local coach that reuses
+    it (and not in replay mode, which loads nothing)."""
+    from mappa import factory
 
     needs_policy = cfg.coach.backend == "local" and cfg.coach.local.model_path is None
     load = needs_policy and cfg.coach.cache.mode != "replay"
     policies = factory.load_policies(cfg) if load else None
-    table, _ = run_check(factory.make_coach(cfg, policies), {a.name: a.role for a in cfg.agents})
-    print(table)
+    return factory.make_coach(cfg, policies)
+
+
+def _coach_label(cfg: RunConfig) -> dict[str, str]:
+    c = cfg.coach
+    if c.backend == "http":
+        return {"backend": "http", "model": c.http.model, "base_url": c.http.base_url}
+    return {"backend": "local", "model": c.local.model_path or cfg.model.path}
+
+
+def _coach_check(args: argparse.Namespace) -> int:
+    """``mappa coach-check``: inputs and config checked first (exit 2), then the server (if
+    any) started, the coach built, every context scored in one call, the server stopped."""
+    from mappa.coach import CoachFatalError
+    from mappa.coach.check import timed_score
+
+    try:
+        cfg, server = _check_config(args)
+        source, contexts, report_of = _check_plan(cfg, args)
+    except (ConfigError, ValueError, OSError) as err:
+        print(f"mappa: {err}", file=sys.stderr)
+        return 2
+    _setup_logging()
+    try:
+        with _serving(server):
+            scores, seconds = timed_score(_check_coach(cfg), contexts)
+    except CoachFatalError as err:
+        print(_stopped(err), file=sys.stderr)
+        return 1
+    except _ServerStartError as err:
+        print(f"mappa: {err}", file=sys.stderr)
+        return 1
+    except ValueError as err:  # a coach this command cannot build (e.g. on a vLLM engine)
+        print(f"mappa: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mappa: interrupted", file=sys.stderr)
+        return 130
+    report = report_of(scores, seconds)
+    print(f"coach-check: {source}, coach {' '.join(_coach_label(cfg).values())}")
+    print(report.table())
+    if args.json is not None:
+        result = {**report.to_json(), "source": source, "coach": _coach_label(cfg)}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"written: {args.json}")
     return 0
 
 
@@ -253,9 +530,6 @@ def _coach_serve(args: argparse.Namespace) -> int:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
     import signal
-
-    def _interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
 
     # SIGTERM (a process manager, `kill`) stops it like Ctrl-C: the server process it started
     # is stopped too instead of being left running.
@@ -327,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.command == "experiment":
         return _experiment(args)
+    if args.command == "coach-check":  # its config may be an experiment's, or the run's
+        return _coach_check(args)
     adapters = getattr(args, "adapters", None)
     resume = getattr(args, "resume", None)
     resumed = resume / "config.yaml" if resume is not None else None
@@ -350,8 +626,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(cfg, resume)
-        if args.command == "coach-check":
-            return _coach_check(cfg)
         return _eval(cfg, args)
     except (CoachFatalError, NonFiniteError) as err:  # stops that need the user, not a bug
         print(_stopped(err), file=sys.stderr)

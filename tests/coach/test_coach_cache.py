@@ -152,26 +152,6 @@ def test_bias_statistics() -> None:
     assert point_biserial([1.0, 2.0], [True, True]) is None
 
 
-class FakeOracleCoach:
-    """Fake backend that knows the built-in check set: 8 for good actions, 2 for bad."""
-
-    name = "oracle"
-
-    def score(self, contexts: Sequence[CoachContext]) -> list[Score]:
-        from mappa.coach.check import CASES
-
-        return [Score(8.0 if case.good else 2.0) for case, _ in zip(CASES, contexts, strict=True)]
-
-
-def test_coach_check_table() -> None:
-    from mappa.coach.check import CASES, discrimination, run_check
-
-    table, overall = run_check(FakeOracleCoach(), {})
-    assert overall == 1.0 and "usable" in table and "problem_solver" in table
-    rows = discrimination([5.0] * len(CASES))  # a coach that says 5 to everything
-    assert all(r.pairs_right == 0.5 for r in rows)
-
-
 def test_coach_check_cli_with_a_real_local_model(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -109,12 +109,8 @@ class Experiment:
         s = self.spec.coach_server
         if s is None:
             return None
-        from mappa.coach.servers import make_server
-
         try:
-            return make_server(
-                s.server, s.model, s.max_model_len, s.threads, s.kv_cache_gib, s.port
-            )
+            return s.build()
         except (ValueError, OSError) as err:
             raise ExperimentError(f"{self.file}: coach_server: {err}") from None
 

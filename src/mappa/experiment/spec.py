@@ -14,12 +14,15 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from mappa.config import ConfigError, RunConfig, load_config
+
+if TYPE_CHECKING:
+    from mappa.coach.servers import LocalServer
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,15 @@ class CoachServerSpec(_Strict):
     threads: int = Field(1, ge=1, description="llamacpp: decoding threads.")
     kv_cache_gib: float = Field(1.0, gt=0.0, description="vllm: KV cache size, GiB.")
     port: int | None = Field(None, ge=1, le=65535, description="null: a free port.")
+
+    def build(self) -> LocalServer:
+        """This server, not started (``make_server``: raises ``ValueError``/``OSError`` when
+        it is not installed or the model is not what it reads)."""
+        from mappa.coach.servers import make_server
+
+        return make_server(
+            self.server, self.model, self.max_model_len, self.threads, self.kv_cache_gib, self.port
+        )
 
 
 class ExperimentConfig(_Strict):
