@@ -33,6 +33,7 @@ KEYS = (
     "eval/accuracy",
     *(f"coach/{a}" for a in AGENTS),
     *(f"rl/{a}/{k}" for a in AGENTS for k in ("loss", "grad_norm", "tokens", "mean_reward")),
+    *(f"coach_health/{a}/{k}" for a in AGENTS for k in ("spread", "no_signal_streak")),
 )
 
 

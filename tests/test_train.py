@@ -76,6 +76,9 @@ def test_two_steps_change_each_adapter_and_not_the_base(
     for m in metrics:
         for n in names:
             assert m[f"rl/{n}/tokens"] > 0 and m[f"coach/{n}"] is not None
+            assert m[f"coach_health/{n}/signal"] in (0, 1)
+            assert m[f"coach_health/{n}/no_signal_streak"] <= m["step"] + 1
+        assert m["coach_health/agents"] == len(names)
         assert m["rollout_tokens_per_s"] > 0 and m["mean_kl"] is not None
 
 

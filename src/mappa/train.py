@@ -29,10 +29,10 @@ from mappa import checkpoint, factory
 from mappa.checkpoint import TaskBatches, TrainState
 from mappa.cluster.errors import WorkerLost
 from mappa.coach import CoachFatalError, FallbackGuard, score_episodes
-from mappa.coach.stats import accounting, bias
+from mappa.coach.stats import NoSignalWatch, accounting, bias, coach_health, health_metrics
 from mappa.config import RLConfig, RunConfig
 from mappa.evaluation import TrainingEvaluator, training_tasks
-from mappa.jsonl import append_jsonl
+from mappa.jsonl import append_jsonl, read_jsonl
 from mappa.report.live import ScalarLog
 from mappa.report.metrics import agent_metrics
 from mappa.rl.kl import KLController
@@ -102,6 +102,17 @@ def _fmt(x: Any) -> str:
     return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
 
 
+def _health_txt(metrics: dict[str, Any]) -> str:
+    """`` signal=2/3 mass=0.91``: agents whose scores carried signal this step, and the
+    coach's mean probability on a score where known (nothing for a run without a coach)."""
+    if metrics.get("coach_health/agents") is None:
+        return ""
+    mass = metrics.get("coach_health/digit_mass")
+    return f" signal={metrics['coach_health/signal_agents']}/{metrics['coach_health/agents']}" + (
+        "" if mass is None else f" mass={mass:.2f}"
+    )
+
+
 def train(
     cfg: RunConfig, policies: AgentPolicies | None = None, resume: Path | None = None
 ) -> Path:
@@ -133,6 +144,7 @@ def train(
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
     coach_guard = FallbackGuard(cfg.coach.max_fallback_steps)  # stops a run the coach fails
     guard = NonFiniteGuard(names, cfg.train.max_nonfinite_steps)
+    signal_watch = NoSignalWatch(cfg.coach.warn_no_signal_steps, cfg.rl.min_reward_spread)
     state = TrainState(
         adapters, models.optimizers, kl_ctl, batches, guard, coach_guard, models.samplers
     )
@@ -149,6 +161,7 @@ def train(
             live = ScalarLog(run_dir / "tb", resume_step=start)
         if start:
             engine.sync(adapters, start)  # the restored adapters
+            signal_watch.replay(read_jsonl(run_dir / "metrics.jsonl"))  # cut back to ``start``
         saved = start if resume is not None else -1
         for step in tqdm(range(start, cfg.train.steps), desc="train", unit="step"):
             rollout = runner.run(RolloutInput(next(batches), step, "train"))
@@ -176,6 +189,9 @@ def train(
             prices = cfg.coach.price_per_mtok
             metrics.update(accounting(scores, prices.prompt, prices.completion))
             metrics.update(bias(episodes, names[-1]))
+            health = coach_health(episodes, names, cfg.rl.min_reward_spread)
+            metrics.update(health_metrics(health))
+            metrics.update(signal_watch.observe(health))  # warns on a long no-signal streak
             engine.release()  # e.g. vLLM sleeps: its memory is the update's until the sync
             metrics.update(models.update(episodes, step, kl_ctl, recompute_old))
             engine.sync(adapters, step + 1)  # the next rollout samples the new adapters
@@ -194,7 +210,7 @@ def train(
             tqdm.write(
                 f"step {step}: coach[{coach_txt}] acc={_fmt(metrics['accuracy'])} "
                 f"kl={_fmt(metrics['mean_kl'])} tok/s={metrics['rollout_tokens_per_s']:.1f} "
-                f"flagged={metrics['coach/flagged']}"
+                f"flagged={metrics['coach/flagged']}{_health_txt(metrics)}"
             )
             guard.check(step, metrics)  # too many non-finite updates in a row: stop
             if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:

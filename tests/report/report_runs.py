@@ -84,14 +84,48 @@ def metrics_row(step: int) -> dict[str, Any]:
     row["tool_call_rate/code_executor"] = 1.0
     row.update({"mean_kl": 0.01 * step, "rollout_s": 3.0, "coach_s": 1.0, "update_s": 2.0})
     row.update({"coach/calls": 12, "coach/cache_hits": 0, "coach/flagged": 1 if step else 0})
+    # coach health as the episodes below give it: problem_solver (always 6) and code_executor
+    # (always 7) never have signal; the verifier's 9, 8.5, 2 (and a flagged 5) always do
+    for a in AGENTS[:2]:
+        row.update(
+            {
+                f"coach_health/{a}/spread": 0.0,
+                f"coach_health/{a}/std": 0.0,
+                f"coach_health/{a}/tie_rate": 1.0,
+                f"coach_health/{a}/mode_share": 1.0,
+                f"coach_health/{a}/digit_mass": None,
+                f"coach_health/{a}/signal": 0,
+                f"coach_health/{a}/no_signal_streak": step + 1,
+            }
+        )
+    row.update(
+        {
+            "coach_health/verifier/spread": 7.0,
+            "coach_health/verifier/std": 3.1,
+            "coach_health/verifier/tie_rate": 0.0,
+            "coach_health/verifier/mode_share": 1 / 3,
+            "coach_health/verifier/digit_mass": 0.9 - 0.1 * step,
+            "coach_health/verifier/signal": 1,
+            "coach_health/verifier/no_signal_streak": 0,
+            "coach_health/signal_agents": 1,
+            "coach_health/agents": 3,
+            "coach_health/digit_mass": 0.9 - 0.1 * step,
+        }
+    )
     return row
 
 
-def write_run(run_dir: Path, steps: int = 2, torn: bool = False) -> Path:
+def write_run(
+    run_dir: Path, steps: int = 2, torn: bool = False, warn_no_signal_steps: int | None = None
+) -> Path:
     """A 3-agent run of ``steps`` steps x 4 episodes; ``torn`` leaves both files with a half
-    written last line, as a run being written (or killed) does."""
+    written last line, as a run being written (or killed) does. ``warn_no_signal_steps``:
+    the config's ``coach.warn_no_signal_steps`` (left out, as in an older run, when None)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text("agents:\n" + "".join(f"- name: {a}\n" for a in AGENTS))
+    config = "agents:\n" + "".join(f"- name: {a}\n" for a in AGENTS)
+    if warn_no_signal_steps is not None:
+        config += f"coach:\n  warn_no_signal_steps: {warn_no_signal_steps}\n"
+    (run_dir / "config.yaml").write_text(config)
     eps, rows = [], []
     for step in range(steps):
         eps += [

@@ -80,6 +80,56 @@ def test_coach_summary_counts_flagged_and_accounting(tmp_path: Path) -> None:
     assert summary.separation.verdict_confusion["wrong/good"] == 2
 
 
+def test_coach_health_summary_latest_mean_and_streak(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path / "run", steps=2))
+    assert run.warn_no_signal_steps == 3  # an older config without the key: the default
+    summary = coach_summary(run.scores, run.metrics, run.agents, run.warn_no_signal_steps)
+    assert list(summary.health) == list(AGENTS)
+    ps, v = summary.health["problem_solver"], summary.health["verifier"]
+    assert (ps.signal_steps, ps.steps, ps.longest_streak) == (0, 2, 2)
+    assert ps.latest["mode_share"] == 1.0 and ps.mean["tie_rate"] == 1.0
+    assert ps.latest["digit_mass"] is None and ps.mean["digit_mass"] is None  # never known
+    assert (v.signal_steps, v.steps, v.longest_streak) == (2, 2, 0)
+    assert v.latest["digit_mass"] == pytest.approx(0.8)
+    assert v.mean["digit_mass"] == pytest.approx(0.85)
+    assert summary.health_warnings == []  # a streak of 2 < 3
+    assert coach_summary(run.scores, run.metrics).health == {}  # no agents asked: none
+
+
+def test_coach_health_warns_when_a_streak_reached_the_threshold(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path / "run", steps=2, warn_no_signal_steps=2))
+    assert run.warn_no_signal_steps == 2
+    summary = coach_summary(run.scores, run.metrics, run.agents, run.warn_no_signal_steps)
+    assert [w.split(":")[0] for w in summary.health_warnings] == [
+        "problem_solver",
+        "code_executor",
+    ]
+    assert "no usable signal for 2 consecutive steps" in summary.health_warnings[0]
+    assert "mappa coach-check" in summary.health_warnings[0]
+    never = load_run(write_run(tmp_path / "never", steps=4, warn_no_signal_steps=0))
+    assert not coach_summary(never.scores, never.metrics, never.agents, 0).health_warnings
+
+
+def test_report_shows_the_coach_health_table_and_warning(tmp_path: Path) -> None:
+    text = write_report([write_run(tmp_path / "run", steps=3)], tmp_path / "out").read_text()
+    coach = text.split('id="view-coach"')[1].split('id="view-episodes"')[0]
+    assert "coach health per agent" in coach
+    for header in ("steps with signal / scored", "tie rate", "mode share", "digit mass"):
+        assert header in coach, header
+    assert "<td>verifier</td><td>3 / 3</td><td>7.00 / 7.00</td>" in coach
+    assert "<td>problem_solver</td><td>0 / 3</td><td>0.00 / 0.00</td>" in coach
+    assert "<td>0.70 / 0.80</td>" in coach  # the verifier's digit mass: latest / mean
+    warnings = re.findall(r'<div class="warning">([^<]*)</div>', coach)
+    assert any(w.startswith("problem_solver: its coach scores carried no") for w in warnings)
+    assert any(w.startswith("code_executor:") for w in warnings)
+    assert not any(w.startswith("verifier:") for w in warnings)
+    curves = text.split('id="view-curves"')[1].split('id="view-coach"')[0]
+    assert "coach score spread per agent" in curves
+    assert "coach probability on a score per agent" in curves
+    quiet = write_report([write_run(tmp_path / "ok", steps=2)], tmp_path / "ok-out").read_text()
+    assert "coach health per agent" in quiet and "carried no usable signal" not in quiet
+
+
 def test_line_chart_is_labelled_svg_with_ids_of_its_own() -> None:
     a = line_chart(
         "coach score", "score", [Series("x", [0, 1], [1, 2]), Series("y", [0], [3])], "c0"

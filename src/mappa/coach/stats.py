@@ -1,17 +1,24 @@
-"""Coach accounting (cost, latency, failures) and bias statistics, as metrics dicts.
+"""Coach accounting (cost, latency, failures), bias and health statistics, as metrics dicts.
 
 The paper's agents exploited a coach that rated regression tasks higher than
-classification; these numbers make such a bias visible while a run is going.
+classification; these numbers make such a bias visible while a run is going. The health
+numbers (``coach_health``) say whether a step's scores can teach each agent anything, and
+``NoSignalWatch`` warns when they have not for several steps in a row.
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from statistics import mean, pstdev
+from typing import Any
 
 from mappa.workflow.records import Episode, Score
+
+log = logging.getLogger(__name__)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -87,3 +94,192 @@ def bias(episodes: Sequence[Episode], final_agent: str) -> dict[str, float | Non
         out[f"coach_bias/{key}/std"] = pstdev(values)
     out["coach_bias/final_vs_outcome_r"] = point_biserial(final_scores, outcomes)
     return out
+
+
+# ------------------------------------------------------------------------ coach health
+TIE_EPS = 1e-9
+"""Two scores closer than this are a tie."""
+
+
+@dataclass(frozen=True)
+class AgentHealth:
+    """How much a step's coach scores of one agent can teach it (``agent_health``).
+
+    ``n``: its unflagged scores; ``spread`` (max - min) and ``std`` in coach points (0-10);
+    ``tie_rate``: share of pairs of its scores within ``TIE_EPS`` of each other;
+    ``mode_share``: share of the most common score rounded to 0.1; ``digit_mass``: mean
+    probability the coach put on any score where it read one (None where unknown);
+    ``signal``: at least two unflagged scores whose spread in reward units (score / 10)
+    reaches ``rl.min_reward_spread``. Statistics of no scores are None.
+    """
+
+    n: int
+    spread: float | None
+    std: float | None
+    tie_rate: float | None
+    mode_share: float | None
+    digit_mass: float | None
+    signal: bool
+
+
+def agent_health(scores: Sequence[Score], min_reward_spread: float) -> AgentHealth:
+    """One agent's health from its scores of one step. Flagged fallbacks are left out of
+    the spread, ties, mode and signal (they are not the coach's judgement, and training
+    leaves them out); their ``digit_mass`` counts where known, since a score flagged for a
+    low mass is exactly what that number is there to show.
+
+    >>> h = agent_health([Score(7.0, digit_mass=0.9), Score(7.0), Score(4.0, digit_mass=0.5)], 0.05)
+    >>> h.n, h.spread, round(h.std, 3), round(h.tie_rate, 3), round(h.mode_share, 3), h.signal
+    (3, 3.0, 1.414, 0.333, 0.667, True)
+    >>> round(h.digit_mass, 3)
+    0.7
+    >>> agent_health([Score(6.0), Score(6.2)], 0.05).signal  # 0.02 in reward units
+    False
+    >>> h = agent_health([Score(5.0, flagged=True, flag_reason="unavailable")], 0.05)
+    >>> h.n, h.spread, h.tie_rate, h.mode_share, h.digit_mass, h.signal
+    (0, None, None, None, None, False)
+    """
+    values = [s.value for s in scores if not s.flagged]
+    masses = [s.digit_mass for s in scores if s.digit_mass is not None]
+    n = len(values)
+    digit_mass = mean(masses) if masses else None
+    if not n:
+        return AgentHealth(0, None, None, None, None, digit_mass, False)
+    spread = max(values) - min(values)
+    pairs = n * (n - 1) // 2
+    ties = sum(abs(values[i] - values[j]) <= TIE_EPS for i in range(n) for j in range(i + 1, n))
+    modes = Counter(round(v, 1) for v in values)
+    signal = n >= 2 and spread > TIE_EPS and spread / 10.0 >= min_reward_spread - 1e-12
+    return AgentHealth(
+        n=n,
+        spread=spread,
+        std=pstdev(values),
+        tie_rate=ties / pairs if pairs else None,
+        mode_share=max(modes.values()) / n,
+        digit_mass=digit_mass,
+        signal=signal,
+    )
+
+
+def coach_health(
+    episodes: Sequence[Episode], agents: Sequence[str], min_reward_spread: float
+) -> dict[str, AgentHealth]:
+    """``agent_health`` of every agent with a scored action in ``episodes`` (one step),
+    in ``agents``' order. Per agent whatever ``rl.norm_scope`` pools: an agent whose own
+    scores all tie learns nothing from them even when pooling gives it an advantage."""
+    scores: dict[str, list[Score]] = defaultdict(list)
+    for ep in episodes:
+        for a in ep.actions:
+            if a.coach is not None:
+                scores[a.agent].append(a.coach)
+    return {
+        name: agent_health(scores[name], min_reward_spread) for name in agents if name in scores
+    }
+
+
+def health_metrics(health: Mapping[str, AgentHealth]) -> dict[str, float | int | None]:
+    """The step's ``coach_health/...`` keys: per agent ``spread``, ``std``, ``tie_rate``,
+    ``mode_share``, ``digit_mass``, ``signal`` (1/0); over the agents ``signal_agents``
+    (agents with signal), ``agents`` (agents scored) and ``digit_mass`` (their mean).
+
+    >>> m = health_metrics({"v": agent_health([Score(3.0), Score(8.0)], 0.05)})
+    >>> m["coach_health/v/spread"], m["coach_health/v/signal"], m["coach_health/signal_agents"]
+    (5.0, 1, 1)
+    """
+    out: dict[str, float | int | None] = {}
+    for name, h in health.items():
+        p = f"coach_health/{name}"
+        out.update(
+            {
+                f"{p}/spread": h.spread,
+                f"{p}/std": h.std,
+                f"{p}/tie_rate": h.tie_rate,
+                f"{p}/mode_share": h.mode_share,
+                f"{p}/digit_mass": h.digit_mass,
+                f"{p}/signal": int(h.signal),
+            }
+        )
+    if health:
+        masses = [h.digit_mass for h in health.values() if h.digit_mass is not None]
+        out["coach_health/signal_agents"] = sum(h.signal for h in health.values())
+        out["coach_health/agents"] = len(health)
+        out["coach_health/digit_mass"] = mean(masses) if masses else None
+    return out
+
+
+class NoSignalWatch:
+    """Warns when an agent's coach scores have carried no usable signal for ``k``
+    consecutive steps (``coach.warn_no_signal_steps``; 0 never warns).
+
+    ``observe`` takes a step's ``coach_health`` and returns the step's
+    ``coach_health/<agent>/no_signal_streak`` keys, logging a warning when a streak
+    reaches ``k`` and again every ``k`` steps it goes on. An agent not scored this step
+    keeps its streak. ``replay`` rebuilds the streaks from the ``metrics.jsonl`` lines of
+    a resumed run, so a resume neither forgets nor repeats a warning.
+
+    >>> watch = NoSignalWatch(2)
+    >>> flat = {"verifier": agent_health([Score(7.0), Score(7.0)], 0.05)}
+    >>> watch.observe(flat)
+    {'coach_health/verifier/no_signal_streak': 1}
+    >>> watch.observe(flat)["coach_health/verifier/no_signal_streak"], watch.warnings[0][:40]
+    (2, "coach: agent 'verifier' has had no usabl")
+    """
+
+    def __init__(self, k: int, min_reward_spread: float = 0.0) -> None:
+        if k < 0:
+            raise ValueError(f"NoSignalWatch needs k >= 0, got {k}")
+        self.k, self.min_reward_spread = k, min_reward_spread
+        self.streaks: dict[str, int] = {}
+        self.recent: dict[str, deque[tuple[float | None, float | None]]] = {}
+        self.warnings: list[str] = []  # every warning given, in order
+
+    def _note(self, name: str, signal: bool, spread: float | None, mode: float | None) -> int:
+        self.streaks[name] = 0 if signal else self.streaks.get(name, 0) + 1
+        recent = self.recent.setdefault(name, deque(maxlen=max(self.k, 1)))
+        recent.append((spread, mode))
+        return self.streaks[name]
+
+    def observe(self, health: Mapping[str, AgentHealth]) -> dict[str, int]:
+        out = {}
+        for name, h in health.items():
+            streak = self._note(name, h.signal, h.spread, h.mode_share)
+            out[f"coach_health/{name}/no_signal_streak"] = streak
+            if self.k and streak and streak % self.k == 0:
+                message = self.message(name)
+                self.warnings.append(message)
+                log.warning(message)
+        return out
+
+    def message(self, name: str) -> str:
+        """What the warning for ``name`` says: its streak, its recent spread and mode share
+        (oldest first), and what to do."""
+        recent = self.recent.get(name, ())
+        spreads = ", ".join("-" if s is None else f"{s:.2g}" for s, _ in recent)
+        modes = ", ".join("-" if m is None else f"{m:.2f}" for _, m in recent)
+        return (
+            f"coach: agent {name!r} has had no usable signal for {self.streaks[name]} "
+            f"consecutive steps (coach.warn_no_signal_steps={self.k}): its score spread over "
+            f"the last steps was [{spreads}] points (signal needs two unflagged scores >= "
+            f"{10 * self.min_reward_spread:.2g} points apart: rl.min_reward_spread="
+            f"{self.min_reward_spread:g} in reward units)"
+            f" and the most common score took [{modes}] of its actions, so its updates learn "
+            "next to nothing from the coach. Check the coach with `mappa coach-check`; try a "
+            "stronger coach, expected scores (coach.http.score_mode: expected, or the local "
+            "coach), or coach.reference_for: all so it judges every agent against the answer."
+        )
+
+    def replay(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Rebuild the streaks from earlier steps' metrics lines (no warning is logged)."""
+        for row in rows:
+            for key, value in row.items():
+                if not (key.startswith("coach_health/") and key.endswith("/signal")):
+                    continue
+                name = key[len("coach_health/") : -len("/signal")]
+                if not name or value is None:
+                    continue
+                self._note(
+                    name,
+                    bool(value),
+                    row.get(f"coach_health/{name}/spread"),
+                    row.get(f"coach_health/{name}/mode_share"),
+                )

@@ -92,6 +92,73 @@ class CoachSummary:
     latency_p95_s: float | None
     separation: Separation
     task_types: list[str] = field(default_factory=list)
+    health: dict[str, AgentHealthSummary] = field(default_factory=dict)  # by agent, in order
+    health_warnings: list[str] = field(default_factory=list)
+
+
+HEALTH_STATS = ("spread", "tie_rate", "mode_share", "digit_mass")
+"""The per-step ``coach_health/<agent>/...`` numbers the report shows, latest and mean."""
+
+
+@dataclass
+class AgentHealthSummary:
+    """One agent's ``coach_health`` metrics over a run (``mappa.coach.stats.coach_health``):
+    each of ``HEALTH_STATS`` at the latest step that has it and its mean over the steps,
+    the steps whose scores carried signal of those scored, and the longest no-signal
+    streak (``coach_health/<agent>/no_signal_streak``)."""
+
+    latest: dict[str, float | None]
+    mean: dict[str, float | None]
+    signal_steps: int
+    steps: int
+    longest_streak: int
+
+
+def coach_health_summary(
+    metrics: Sequence[dict[str, Any]], agents: Sequence[str], warn_steps: int
+) -> tuple[dict[str, AgentHealthSummary], list[str]]:
+    """Per agent with ``coach_health`` metrics, its summary; and a warning for each agent
+    whose no-signal streak reached ``warn_steps`` (``coach.warn_no_signal_steps``, 0: none).
+
+    >>> rows = [{"coach_health/v/signal": s, "coach_health/v/spread": x,
+    ...          "coach_health/v/no_signal_streak": k} for s, x, k in [(1, 4.0, 0), (0, 0.0, 1)]]
+    >>> health, warnings = coach_health_summary(rows, ["v"], 1)
+    >>> health["v"].signal_steps, health["v"].steps, health["v"].mean["spread"], len(warnings)
+    (1, 2, 2.0, 1)
+    """
+    out: dict[str, AgentHealthSummary] = {}
+    warnings = []
+    for agent in agents:
+        p = f"coach_health/{agent}"
+        rows = [row for row in metrics if row.get(f"{p}/signal") is not None]
+        if not rows:
+            continue
+        latest: dict[str, float | None] = {}
+        means: dict[str, float | None] = {}
+        for stat in HEALTH_STATS:
+            values = [row[f"{p}/{stat}"] for row in rows if row.get(f"{p}/{stat}") is not None]
+            latest[stat] = float(values[-1]) if values else None
+            means[stat] = mean(values) if values else None
+        longest = max(int(row.get(f"{p}/no_signal_streak") or 0) for row in rows)
+        summary = AgentHealthSummary(
+            latest, means, sum(bool(row[f"{p}/signal"]) for row in rows), len(rows), longest
+        )
+        out[agent] = summary
+        if warn_steps and longest >= warn_steps:
+            warnings.append(
+                f"{agent}: its coach scores carried no usable signal for {longest} consecutive "
+                f"steps (coach.warn_no_signal_steps = {warn_steps}; signal in "
+                f"{summary.signal_steps} of {summary.steps} steps, mean spread "
+                f"{_num(means['spread'])} points, mode share {_num(means['mode_share'])}): it "
+                "learned next to nothing from the coach then. Check the coach (`mappa "
+                "coach-check`), try a stronger coach, expected scores, or "
+                "coach.reference_for: all"
+            )
+    return out, warnings
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def _confusion(pairs: Sequence[tuple[bool, bool]]) -> dict[str, int]:
@@ -148,8 +215,14 @@ def separation(scores: Sequence[ScoreRecord]) -> Separation:
     )
 
 
-def coach_summary(scores: Sequence[ScoreRecord], metrics: Sequence[dict[str, Any]]) -> CoachSummary:
-    """The run's coach statistics from its score records and its step metrics."""
+def coach_summary(
+    scores: Sequence[ScoreRecord],
+    metrics: Sequence[dict[str, Any]],
+    agents: Sequence[str] = (),
+    warn_no_signal_steps: int = 0,
+) -> CoachSummary:
+    """The run's coach statistics from its score records and its step metrics (the coach
+    health of ``agents``, warning at ``warn_no_signal_steps``)."""
     usable = [s for s in scores if not s.flagged]
     by_agent: dict[str, list[float]] = defaultdict(list)
     by_agent_type: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -162,6 +235,7 @@ def coach_summary(scores: Sequence[ScoreRecord], metrics: Sequence[dict[str, Any
     }
     p50 = [row["coach/latency_p50_s"] for row in metrics if row.get("coach/latency_p50_s")]
     p95 = [row["coach/latency_p95_s"] for row in metrics if row.get("coach/latency_p95_s")]
+    health, health_warnings = coach_health_summary(metrics, agents, warn_no_signal_steps)
     return CoachSummary(
         by_agent={a: spread(v) for a, v in by_agent.items()},
         by_agent_type={k: spread(v) for k, v in sorted(by_agent_type.items())},
@@ -172,4 +246,6 @@ def coach_summary(scores: Sequence[ScoreRecord], metrics: Sequence[dict[str, Any
         latency_p95_s=max(p95) if p95 else None,
         separation=separation(scores),
         task_types=sorted({s.task_type for s in scores}),
+        health=health,
+        health_warnings=health_warnings,
     )

@@ -36,7 +36,13 @@ from mappa.report.charts import (
     line_chart,
     require_matplotlib,
 )
-from mappa.report.coachstats import GOOD_SCORE, CoachSummary, coach_summary, spread
+from mappa.report.coachstats import (
+    GOOD_SCORE,
+    AgentHealthSummary,
+    CoachSummary,
+    coach_summary,
+    spread,
+)
 from mappa.report.rundata import RunData, load_run, run_labels
 
 
@@ -63,6 +69,14 @@ CURVES: tuple[tuple[str, tuple[Curve, ...]], ...] = (
         "Outcome and coach",
         (
             _curve("coach score per agent", "mean score (0-10)", "coach/{agent}"),
+            _curve(
+                "coach score spread per agent", "max - min (points)", "coach_health/{agent}/spread"
+            ),
+            _curve(
+                "coach probability on a score per agent",
+                "mean digit mass",
+                "coach_health/{agent}/digit_mass",
+            ),
             _curve("outcome accuracy (training rollouts)", "accuracy", "accuracy"),
             _curve("held-out accuracy", "accuracy", "eval/accuracy"),
             _curve("answer format per agent", "share of episodes", "format_rate/{agent}"),
@@ -196,12 +210,49 @@ def _confusion_table(title: str, counts: dict[str, int], says: tuple[str, str]) 
     return f"<h3>{_esc(title)}</h3>" + _table(("true outcome", *says), rows)
 
 
+def _latest_mean(h: AgentHealthSummary, stat: str) -> str:
+    return f"{_fmt(h.latest[stat])} / {_fmt(h.mean[stat])}"
+
+
+def health_table(summary: CoachSummary) -> str:
+    """Per agent: can its coach scores teach it (``coach_health/...``, latest / run mean)."""
+    if not summary.health:
+        return ""
+    rows = [
+        (
+            agent,
+            f"{h.signal_steps} / {h.steps}",
+            _latest_mean(h, "spread"),
+            _latest_mean(h, "tie_rate"),
+            _latest_mean(h, "mode_share"),
+            _latest_mean(h, "digit_mass"),
+            h.longest_streak,
+        )
+        for agent, h in summary.health.items()
+    ]
+    return "<h3>coach health per agent: latest step / mean over the run</h3>" + _table(
+        (
+            "agent",
+            "steps with signal / scored",
+            "score spread (points)",
+            "tie rate",
+            "mode share",
+            "digit mass",
+            "longest no-signal streak",
+        ),
+        rows,
+    )
+
+
 def coach_block(run: RunData, summary: CoachSummary, chart_prefix: str) -> str:
-    """One run's coach statistics: accounting, the separation warning, tables, charts."""
+    """One run's coach statistics: accounting, the separation and coach-health warnings,
+    tables, charts."""
     sep = summary.separation
     parts = []
     if sep.warning:
         parts.append(f'<div class="warning">{_esc(sep.warning)}</div>')
+    for warning in summary.health_warnings:
+        parts.append(f'<div class="warning">{_esc(warning)}</div>')
     t = summary.totals
     flagged = ", ".join(f"{k}: {v}" for k, v in sorted(summary.flagged_by_reason.items()))
     parts.append(
@@ -233,6 +284,7 @@ def coach_block(run: RunData, summary: CoachSummary, chart_prefix: str) -> str:
             ],
         )
     )
+    parts.append(health_table(summary))
     parts.append("<h3>final agent's score vs the true outcome</h3>")
     parts.append(
         _table(
@@ -322,7 +374,7 @@ def coach_view(runs: Sequence[RunData]) -> str:
     """The coach statistics of every run, one block each."""
     blocks = []
     for i, run in enumerate(runs):
-        summary = coach_summary(run.scores, run.metrics)
+        summary = coach_summary(run.scores, run.metrics, run.agents, run.warn_no_signal_steps)
         body = (
             coach_block(run, summary, f"k{i}")
             if run.scores

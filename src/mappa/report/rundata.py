@@ -49,20 +49,27 @@ class RunData:
     steps: dict[int, list[EpisodeView]] = field(default_factory=dict)
     heldout: dict[int, list[EpisodeView]] = field(default_factory=dict)  # eval.every episodes
     scores: list[ScoreRecord] = field(default_factory=list)  # training episodes' only
+    warn_no_signal_steps: int = 3  # the run's ``coach.warn_no_signal_steps`` (0: never)
 
     @property
     def final_agent(self) -> str | None:
         return self.agents[-1] if self.agents else None
 
 
-def _agent_names(run_dir: Path, metrics: list[dict[str, Any]]) -> list[str]:
-    """The pipeline's agents in order: from ``config.yaml``, else from the metric keys."""
+def _config(run_dir: Path) -> dict[str, Any]:
+    """The run's ``config.yaml`` (empty when there is none)."""
     config = run_dir / "config.yaml"
-    if config.is_file():
-        data = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
-        names = [a["name"] for a in data.get("agents") or [] if isinstance(a, dict)]
-        if names:
-            return names
+    if not config.is_file():
+        return {}
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}
+
+
+def _agent_names(config: dict[str, Any], metrics: list[dict[str, Any]]) -> list[str]:
+    """The pipeline's agents in order: from ``config.yaml``, else from the metric keys."""
+    names = [a["name"] for a in config.get("agents") or [] if isinstance(a, dict)]
+    if names:
+        return names
     seen: dict[str, None] = {}
     for row in metrics:
         for key in row:
@@ -155,7 +162,11 @@ def load_run(run_dir: Path, label: str | None = None) -> RunData:
     if not metrics_path.exists() and not episodes_path.exists():
         raise FileNotFoundError(f"{run_dir}: neither metrics.jsonl nor episodes.jsonl (not a run)")
     metrics = read_jsonl(metrics_path) if metrics_path.exists() else []
-    run = RunData(run_dir, label or run_dir.name, _agent_names(run_dir, metrics), metrics)
+    config = _config(run_dir)
+    run = RunData(run_dir, label or run_dir.name, _agent_names(config, metrics), metrics)
+    coach = config.get("coach")
+    if isinstance(coach, dict) and isinstance(coach.get("warn_no_signal_steps"), int):
+        run.warn_no_signal_steps = coach["warn_no_signal_steps"]
     for raw in iter_jsonl(episodes_path) if episodes_path.exists() else ():
         step = int(raw.get("step") or 0)
         ep = compact_episode(raw)
