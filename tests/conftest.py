@@ -67,7 +67,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tiny_run_config(model_dir: Path, run_dir: Path, *overrides: str):  # -> RunConfig
-    """The demo config, shrunk to the tiny model: fast, and every completion trained on."""
+    """The demo config, shrunk to the tiny model: fast, and every completion trained on. Its
+    random weights put little mass on the scores and spread them by thousandths of a point,
+    so the coach's low-mass flag and the minimum reward spread are off: these runs test the
+    machinery, not the coach."""
     from mappa.cli import default_config
     from mappa.config import load_config
 
@@ -85,6 +88,8 @@ def tiny_run_config(model_dir: Path, run_dir: Path, *overrides: str):  # -> RunC
             "train.samples_per_prompt=2",
             "tasks.num_tasks=8",
             "coach.cache.mode=off",
+            "coach.local.min_digit_mass=0",
+            "rl.min_reward_spread=0",
             *overrides,
         ],
     )

@@ -295,9 +295,13 @@ class LocalCoachConfig(_Strict):
         description="Model for the coach; null reuses the policy base with adapters disabled "
         "(no extra memory).",
     )
-    engine: Literal["auto", "hf", "vllm"] = Field(
+    engine: Literal["auto", "hf", "vllm", "llamacpp"] = Field(
         "auto",
-        description="Where the coach's forward runs. `hf`: transformers (the policy base with "
+        description="Where the coach's forward runs. `llamacpp`: llama.cpp in process over a "
+        "GGUF (`model_path`: a `.gguf` file or a `pypi:` model package; needs the "
+        "`coach-server` extra), prompts read one after another reusing the KV cache of "
+        "what they share; on a CPU the fastest way to read a quantized coach. `hf`: "
+        "transformers (the policy base with "
         "adapters disabled, or `model_path`), batched by `batch_size`/`batch_tokens`. `vllm`: "
         "the rollout's vLLM engine (`rollout.engine: vllm`) on its base without adapters, "
         "every action in one vLLM batch, the shared prompt prefix served by vLLM's prefix "
@@ -310,6 +314,27 @@ class LocalCoachConfig(_Strict):
         64,
         ge=1,
         description="Most actions scored in one forward pass (see `batch_tokens`; `hf` only).",
+    )
+    min_digit_mass: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Flag a score (`low_score_mass`; left out of training by default) when the "
+        "coach's probability on all of 0..10 where the score is read is below this: the model "
+        "was not about to write a score, and the ratio of small probabilities is noise. A "
+        "coach that follows the template puts nearly all its mass there.",
+    )
+    reply_tokens: int = Field(
+        0,
+        ge=0,
+        description="`llamacpp` only: tokens the coach may write (greedy) before its score "
+        "line, e.g. the fact lines `mathchat_facts` asks for; the score is then read where "
+        "its digit goes after what it wrote. 0: no text, the score is read at once.",
+    )
+    context_tokens: int = Field(
+        4096,
+        ge=256,
+        description="llama.cpp's context (`llamacpp` only): the longest coach prompt, in tokens.",
     )
     batch_tokens: int = Field(
         4096,
@@ -381,6 +406,14 @@ class CoachConfig(_Strict):
         ge=0,
         description="Abort the run after this many consecutive steps in which every score is "
         "a flagged fallback (the coach is down or useless); 0 never aborts.",
+    )
+    warn_no_signal_steps: int = Field(
+        3,
+        ge=0,
+        description="Log a warning when an agent's coach scores have carried no usable signal "
+        "(fewer than two unflagged scores, or a spread below `rl.min_reward_spread`) for this "
+        "many consecutive steps, and again every as many steps it lasts; the "
+        "`coach_health/...` metrics and the report show it too. 0 never warns.",
     )
     cache: CoachCacheConfig = Field(default_factory=CoachCacheConfig)
     price_per_mtok: CoachPrices = Field(default_factory=CoachPrices)

@@ -325,7 +325,9 @@ def make_coach(
 
         model_id = request_fingerprint(c.http)  # every request setting that changes a reply
     else:
-        model_id = f"{c.local.model_path or cfg.model.path}|expected"
+        # "at-digit": read where the digit is written (scores read after the colon were noise)
+        engine = f"|llamacpp|reply={c.local.reply_tokens}" if c.local.engine == "llamacpp" else ""
+        model_id = f"{c.local.model_path or cfg.model.path}|expected|at-digit{engine}"
     namespace = f"{template.digest}|{c.backend}|{model_id}"
     build = backend or (lambda: coach_backend(cfg, policies, engine))
     if c.cache.mode == "off":
@@ -351,12 +353,28 @@ def coach_backend(
     local = cfg.coach.local
     if coach_on_engine(cfg):
         if isinstance(engine, VllmEngine):
-            return LocalCoach(VllmScoreDistribution(engine), template)
+            return LocalCoach(VllmScoreDistribution(engine), template, local.min_digit_mass)
         if local.engine == "vllm":
             raise ValueError(
                 "coach.local.engine: 'vllm' scores on the run's vLLM rollout engine, which "
                 "this command does not start; use coach.local.engine: auto or hf"
             )
+    if local.engine == "llamacpp":
+        import torch
+
+        from mappa.models.llamacpp_scorer import LlamaCppScoreDistribution
+        from mappa.models.packages import gguf_path
+
+        if local.model_path is None:
+            raise ValueError(
+                "coach.local.engine: llamacpp reads a GGUF: set coach.local.model_path to a "
+                ".gguf file or a pypi: model package"
+            )
+        threads = torch.get_num_threads()  # the trainer's threads idle while the coach reads
+        dist = LlamaCppScoreDistribution(
+            gguf_path(local.model_path), local.context_tokens, threads, local.reply_tokens
+        )
+        return LocalCoach(dist, template, local.min_digit_mass)
     from mappa.models.scorer import ScoreDistributionModel
 
     if local.model_path is None:
@@ -376,7 +394,7 @@ def coach_backend(
 
         model, tokenizer = load_base(local.model_path, cfg.model.dtype, cfg.model.device)
         dist = ScoreDistributionModel(model, tokenizer, local.batch_size, local.batch_tokens)
-    return LocalCoach(dist, template)
+    return LocalCoach(dist, template, local.min_digit_mass)
 
 
 def make_optimizers(

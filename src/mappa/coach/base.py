@@ -10,7 +10,6 @@ from mappa.coach.context import CoachContext
 from mappa.sandbox.execute import cut_middle
 from mappa.workflow.records import Action, Episode, Score
 
-
 ReferenceFor = Literal["none", "final", "all"]
 """Whose actions the coach judges with the reference in view (``CoachConfig.reference_scope``)."""
 

@@ -21,10 +21,9 @@ from mappa.workflow.records import Score
 
 SCORE_PREFIX = "Analysis omitted.\nPROCESS_SCORE:"
 LOW_MASS = 0.5
-"""Below this probability on all scores together, where the score was read, a local score
-is flagged (``low_score_mass``): the model was not about to write a score there, so the
-ratio of the digits' small probabilities is noise. A coach that reads its scale has nearly
-all its mass on the digits; 0.5 leaves room for one that would rather write a word first."""
+"""The default ``coach.local.min_digit_mass``: below this probability on all scores together,
+where the score was read, a score is flagged (``low_score_mass``): the model was not about to
+write a score there, so the ratio of the digits' small probabilities is noise."""
 
 
 class ScoreDistribution(Protocol):
@@ -35,8 +34,11 @@ class ScoreDistribution(Protocol):
     ) -> list[list[float]]: ...
 
 
-def expected_score(p: Sequence[float], backend: str, latency_s: float) -> Score:
-    """The score of one distribution over 0..10: its mean, flagged when its mass is low."""
+def expected_score(
+    p: Sequence[float], backend: str, latency_s: float, min_mass: float = LOW_MASS
+) -> Score:
+    """The score of one distribution over 0..10: its mean, flagged when its mass is below
+    ``min_mass``."""
     mass = sum(p)
     if mass <= 0.0:
         return Score(
@@ -50,11 +52,11 @@ def expected_score(p: Sequence[float], backend: str, latency_s: float) -> Score:
         )
     expected = sum(s * q for s, q in enumerate(p)) / mass
     top = max(range(len(p)), key=p.__getitem__)
-    low = mass < LOW_MASS
+    low = mass < min_mass
     return Score(
         value=expected,
         rationale=f"expected score {expected:.2f} (mode {top}, digit mass {mass:.2f})"
-        + (f"; below {LOW_MASS}: the model was not about to write a score" if low else ""),
+        + (f"; below {min_mass}: the model was not about to write a score" if low else ""),
         flagged=low,
         backend=backend,
         latency_s=latency_s,
@@ -68,9 +70,12 @@ class LocalCoach:
 
     name = "local"
 
-    def __init__(self, distribution: ScoreDistribution, template: CoachTemplate) -> None:
+    def __init__(
+        self, distribution: ScoreDistribution, template: CoachTemplate, min_mass: float = LOW_MASS
+    ) -> None:
         self.distribution = distribution
         self.template = template
+        self.min_mass = min_mass
 
     def score(self, contexts: Sequence[CoachContext]) -> list[Score]:
         start = time.monotonic()
@@ -78,4 +83,10 @@ class LocalCoach:
             [render_messages(self.template, c) for c in contexts], SCORE_PREFIX
         )
         per = (time.monotonic() - start) / max(1, len(contexts))
-        return [expected_score(p, self.name, per) for p in probs]
+        scores = [expected_score(p, self.name, per, self.min_mass) for p in probs]
+        # a scorer that lets the coach write first (its facts) keeps what it wrote
+        for score, reply in zip(
+            scores, getattr(self.distribution, "replies", None) or [], strict=False
+        ):
+            score.rationale = f"{reply.strip()}\n{score.rationale}" if reply else score.rationale
+        return scores

@@ -199,7 +199,7 @@ def make_server(
     """
     import importlib.util
 
-    from mappa.models.packages import PYPI_PREFIX, locate_gguf
+    from mappa.models.packages import gguf_path
 
     if kind not in SERVER_KINDS:
         raise ValueError(f"coach server {kind!r}: not one of {sorted(SERVER_KINDS)}")
@@ -207,13 +207,10 @@ def make_server(
     if importlib.util.find_spec(module) is None:
         raise ValueError(f"the {kind} server is not installed; run `make {target}`")
     if kind == "llamacpp":
-        gguf = (
-            locate_gguf(model.removeprefix(PYPI_PREFIX))[0]
-            if model.startswith(PYPI_PREFIX)
-            else Path(model)
-        )
-        if not gguf.is_file():
-            raise FileNotFoundError(f"coach server model {model}: no such GGUF file")
+        try:
+            gguf = gguf_path(model)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"coach server model {model}: no such GGUF file") from None
         return LlamaCppServer(gguf, max_model_len, threads, port=port)
     from mappa.models.loading import resolve_model_path
 

@@ -41,7 +41,7 @@ ALLOWED_FIELDS: dict[str, set[str]] = {
     },
     "corrective": {"final_corrective"},
 }
-SHIPPED = ("mathchat", "mathchat_brief", "dsbench")
+SHIPPED = ("mathchat", "mathchat_brief", "mathchat_facts", "dsbench")
 
 
 class TemplateError(ValueError):

@@ -205,3 +205,16 @@ def locate_gguf(name: str) -> tuple[Path, GgufModel]:
     if not _is_verified(target, info.sha256):
         _join(name, info, parts, target)
     return target, info
+
+
+def gguf_path(model: str) -> Path:
+    """The GGUF file ``model`` names: ``pypi:<package>`` (a known model package, joined and
+    checked as ``locate_gguf`` does) or a path; ``FileNotFoundError`` if there is none."""
+    path = (
+        locate_gguf(model.removeprefix(PYPI_PREFIX))[0]
+        if model.startswith(PYPI_PREFIX)
+        else Path(model)
+    )
+    if not path.is_file():
+        raise FileNotFoundError(f"{model}: no such GGUF file")
+    return path
