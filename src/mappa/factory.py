@@ -326,8 +326,8 @@ def make_coach(
         model_id = request_fingerprint(c.http)  # every request setting that changes a reply
     else:
         # "at-digit": read where the digit is written (scores read after the colon were noise)
-        engine = f"|llamacpp|reply={c.local.reply_tokens}" if c.local.engine == "llamacpp" else ""
-        model_id = f"{c.local.model_path or cfg.model.path}|expected|at-digit{engine}"
+        reader = f"|llamacpp|reply={c.local.reply_tokens}" if c.local.engine == "llamacpp" else ""
+        model_id = f"{c.local.model_path or cfg.model.path}|expected|at-digit{reader}"
     namespace = f"{template.digest}|{c.backend}|{model_id}"
     build = backend or (lambda: coach_backend(cfg, policies, engine))
     if c.cache.mode == "off":
@@ -347,7 +347,7 @@ def coach_backend(
         from mappa.coach.http import HttpCoach
 
         return HttpCoach(cfg.coach.http, template)
-    from mappa.coach.local import LocalCoach
+    from mappa.coach.local import LocalCoach, ScoreDistribution
     from mappa.models.vllm_engine import VllmEngine, VllmScoreDistribution
 
     local = cfg.coach.local
@@ -371,10 +371,10 @@ def coach_backend(
                 ".gguf file or a pypi: model package"
             )
         threads = torch.get_num_threads()  # the trainer's threads idle while the coach reads
-        dist = LlamaCppScoreDistribution(
+        reader_dist = LlamaCppScoreDistribution(
             gguf_path(local.model_path), local.context_tokens, threads, local.reply_tokens
         )
-        return LocalCoach(dist, template, local.min_digit_mass)
+        return LocalCoach(reader_dist, template, local.min_digit_mass)
     from mappa.models.scorer import ScoreDistributionModel
 
     if local.model_path is None:
@@ -382,7 +382,7 @@ def coach_backend(
             raise ValueError(
                 "the local coach without coach.local.model_path needs the policy model"
             )
-        dist = ScoreDistributionModel(
+        dist: ScoreDistribution = ScoreDistributionModel(
             policies.model,
             policies.tokenizer,
             local.batch_size,

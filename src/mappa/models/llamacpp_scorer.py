@@ -92,7 +92,8 @@ class LlamaCppScoreDistribution:
         with ``prefix`` up to where the score's digit goes; with ``reply_tokens``, what the
         coach writes first (greedy, up to the prefix's last line: its facts or analysis)
         takes the place of the prefix's earlier lines. Also returns that reply."""
-        text = self.chat(messages=conversation).prompt  # type: ignore[arg-type]
+        messages: Any = conversation  # llama_cpp types messages as its own TypedDicts
+        text = self.chat(messages=messages).prompt
         tag = prefix.rsplit("\n", 1)[-1]
         reply = ""
         if self.reply_tokens:
