@@ -157,6 +157,7 @@ def test_builtin_table_and_json() -> None:
     assert report.overall == 1.0 and report.usable and "usable" in report.table()
     assert "problem_solver" in report.table() and report.seconds_per_action == 0.25
     assert report.to_json()["roles"]["verifier"]["n_bad"] == 2
+    assert report.to_json()["scores"] == [s.value for s in scores]  # per case, in order
     rows = discrimination([Score(5.0)] * len(CASES))
     assert all(r.pairs_right == 0.5 for r in rows)
     flagged = [Score(8.0 if c.good else 2.0, flagged=c.agent == "verifier") for c in CASES]
@@ -191,6 +192,16 @@ def test_bad_cases_are_refused_naming_the_line(lines: list[str], message: str) -
     with pytest.raises(CaseError) as err:
         parse_cases(lines, AGENTS, "cases.jsonl")
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["coach_cases_dev.jsonl", "coach_cases_test.jsonl"])
+def test_the_benchmark_case_files_parse_with_both_labels_per_role(name: str) -> None:
+    """The labelled sets docs/coach.md measures on stay valid cases for the MathChat roles."""
+    path = Path(__file__).parents[2] / "benchmarks" / "data" / name
+    cases = parse_cases(path.read_text().splitlines(), AGENTS, name)
+    for agent in AGENTS:
+        labels = [c.good for c in cases if c.agent == agent]
+        assert labels.count(True) == labels.count(False) >= 12
 
 
 def test_the_cli_refuses_a_bad_cases_file_with_exit_2_before_any_coach(

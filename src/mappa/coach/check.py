@@ -485,6 +485,8 @@ class CheckReport:
     flagged: int
     cached: int
     digit_mass: float | None
+    scores: list[float]
+    """Each case's score, in the cases' order: to see which actions a coach gets wrong."""
 
     @property
     def overall(self) -> float:
@@ -509,6 +511,7 @@ class CheckReport:
             "flagged": self.flagged,
             "cached": self.cached,
             "digit_mass": self.digit_mass,
+            "scores": self.scores,
         }
 
     def table(self) -> str:
@@ -548,6 +551,7 @@ def check_report(
         sum(s.flagged for s in scores),
         sum(s.cached for s in scores),
         mean_digit_mass(scores),
+        [s.value for s in scores],
     )
 
 
