@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mappa.coach.check import CaseError, parse_case
+from mappa.coach.check import parse_case
 from mappa.config import load_config
 from mappa.sandbox import SandboxIsolationWarning, cut_middle, execute
 from mappa.tasks.arithmetic import generate
@@ -725,21 +725,6 @@ def check_chain(rows: Sequence[dict[str, Any]]) -> None:
         _require(part in verifier["input"], verifier, "input lacks the upstream text")
 
 
-def check_parses(rows: Sequence[dict[str, Any]]) -> bool:
-    """Every row passes ``mappa.coach.check.parse_case``; False when that only holds with
-    the ``error`` key dropped (a ``parse_case`` that does not know the key yet)."""
-    with_error = True
-    for i, row in enumerate(rows, 1):
-        try:
-            parse_case(row, ROLES, f"line {i}")
-        except CaseError as err:
-            if "'error'" not in str(err):
-                raise
-            with_error = False
-            parse_case({k: x for k, x in row.items() if k != "error"}, ROLES, f"line {i}")
-    return with_error
-
-
 # ----------------------------------------------------------------------------------- main
 def build(seed: int, n: int, config: Path = CONFIG) -> tuple[list[dict[str, Any]], Counter[str]]:
     """All cases for the first ``n`` unseen problems of the ``seed`` stream, checked, and
@@ -779,30 +764,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--problems", type=int, default=12, help="problems (6 cases each)")
     ap.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
     ap.add_argument("--config", type=Path, default=CONFIG, help="input templates from here")
-    ap.add_argument(
-        "--no-error-key", action="store_true", help="leave out the `error` key on every line"
-    )
     args = ap.parse_args(argv)
     if args.problems < 1:
         ap.error("--problems must be at least 1")
     if args.seed == TRAIN_SEED:
         print(f"warning: seed {TRAIN_SEED} is the training stream", file=sys.stderr)
     rows, patterns = build(args.seed, args.problems, args.config)
-    if args.no_error_key:
-        rows = [{k: x for k, x in r.items() if k != "error"} for r in rows]
-    known = check_parses(rows)
+    for i, row in enumerate(rows, 1):
+        parse_case(row, ROLES, f"line {i}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     print(f"{args.out}: {len(rows)} cases, {args.problems} problems (seed {args.seed})")
     print(summary(rows, patterns))
-    if not known:
-        print(
-            "note: mappa.coach.check.parse_case rejects the `error` key; rerun with "
-            "--no-error-key for a file `mappa coach-check --cases` reads as is",
-            file=sys.stderr,
-        )
     return 0
 
 

@@ -15,6 +15,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -392,15 +393,18 @@ def _check_plan(
     as training builds them, and how the scores become its report. Reads and validates
     every input before anything starts."""
     from mappa.coach import check
+    from mappa.coach.base import CoachView, episode_contexts
+    from mappa.tasks.math import grade_answer
 
     names = [a.name for a in cfg.agents]
     roles = {a.name: a.role for a in cfg.agents}
-    view = (
-        cfg.coach.observation_chars,
-        cfg.coach.reference_scope,
-        cfg.rollout.max_new_tokens,
-    )
+    view = CoachView.of(cfg)
     if args.episodes is None:
+        grade = partial(
+            grade_answer,
+            answer_format=cfg.tasks.answer_format,
+            timeout_s=cfg.tasks.grade_timeout_s,
+        )
         if args.limit is not None:
             raise ValueError("--limit: only with --episodes")
         final = names[-1]
@@ -413,7 +417,7 @@ def _check_plan(
                 raise FileNotFoundError(f"{args.cases}: no such cases file")
             cases = check.parse_cases(args.cases.read_text().splitlines(), names, str(args.cases))
             source = str(args.cases)
-        contexts = check.case_contexts(cases, roles, final, *view)
+        contexts = check.case_contexts(cases, roles, final, view, grade)
         return source, contexts, lambda scores, s: check.check_report(scores, cases, s)
     from mappa.workflow.records import read_episodes
 
@@ -434,7 +438,7 @@ def _check_plan(
             f"{path}: agents {unknown} act in these episodes but are not among the config's "
             f"agents {names}; use the run's own config (omit --config) or one with its agents"
         )
-    contexts = check.episode_contexts(episodes, roles, names[-1], *view)
+    contexts = episode_contexts(episodes, roles, names[-1], view)
     return (
         str(path),
         contexts,

@@ -398,6 +398,14 @@ class CoachConfig(_Strict):
         "`final` (the paper: the final agent only) or `all` (every agent, so the coach can "
         "check an intermediate result against it). No effect when `show_ground_truth` is off.",
     )
+    answer_check: bool = Field(
+        False,
+        description="On answer tasks, show the coach the grader's verdict on the final "
+        "agent's final answer beside the reference (which answer it extracted, and whether it "
+        "equals the reference), so a small coach need not compare the two itself; the "
+        "template places it with `{answer_check}` (docs/coach.md). A modeling task's "
+        "reference is its graded outcome already. Off: the paper's view.",
+    )
     exclude_flagged: bool = Field(
         True, description="Leave actions whose score is a flagged fallback out of training."
     )

@@ -179,6 +179,11 @@ def _coach_problems(cfg: RunConfig) -> list[str]:
             out.append(f"coach.http.api_key_env: the environment variable {name} is not set")
     elif live and c.local.model_path is not None:
         out.append(_model_path_problem("coach.local.model_path", c.local.model_path))
+    if asked and c.answer_check and not coach_template(cfg).shows_answer_check:
+        out.append(
+            f"coach.answer_check: template {c.template!r} never shows {{answer_check}} (put "
+            "it in its reference or user section), so the coach would not see the check"
+        )
     if asked and c.cache.mode != "off":
         path = Path(c.cache.path) if c.cache.path else cache_root() / "coach_cache.sqlite"
         out.append(_writable_problem("coach.cache.path", path, is_file=True))

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from mappa import checkpoint, factory
 from mappa.checkpoint import TaskBatches, TrainState
 from mappa.cluster.errors import WorkerLost
-from mappa.coach import CoachFatalError, FallbackGuard, score_episodes
+from mappa.coach import CoachFatalError, CoachView, FallbackGuard, score_episodes
 from mappa.coach.stats import NoSignalWatch, accounting, bias, coach_health, health_metrics
 from mappa.config import RLConfig, RunConfig
 from mappa.evaluation import TrainingEvaluator, training_tasks
@@ -171,15 +171,7 @@ def train(
             scores = (
                 []
                 if coach is None
-                else score_episodes(
-                    coach,
-                    episodes,
-                    roles,
-                    names[-1],
-                    cfg.coach.observation_chars,
-                    cfg.coach.reference_scope,
-                    cfg.rollout.max_new_tokens,
-                )
+                else score_episodes(coach, episodes, roles, names[-1], CoachView.of(cfg))
             )
             t_coach = time.monotonic() - t0
             append_episodes(run_dir / "episodes.jsonl", episodes)  # before training on them

@@ -118,7 +118,7 @@ def _cases_file(tmp_path: Path, lines: Sequence[str]) -> Path:
 
 FOUR = [
     _line("code_executor", True, observation="42\n" + "x" * 5000, input="Problem: t\nwrite code"),
-    _line("code_executor", False, observation="NameError", truncated=True),
+    _line("code_executor", False, observation="NameError", truncated=True, error="name_error"),
     _line("verifier", True),
     _line("verifier", False),
 ]
@@ -175,6 +175,7 @@ BAD_FILES = [
     ([GOOD, json.dumps({**json.loads(BAD), "task": 7})], "line 2: 'task' must be a string"),
     ([GOOD, json.dumps({**json.loads(BAD), "answer": True})], "line 2: 'answer' must be a"),
     ([GOOD, json.dumps({**json.loads(BAD), "truncated": "no"})], "line 2: 'truncated' must"),
+    ([GOOD, json.dumps({**json.loads(BAD), "error": 3})], "line 2: 'error' must be a string"),
     ([GOOD, json.dumps({**json.loads(BAD), "obs": "x"})], "line 2: unknown key 'obs'"),
     (
         [GOOD, json.dumps({k: v for k, v in json.loads(BAD).items() if k != "observation"})],
@@ -263,8 +264,11 @@ def test_cases_file_scored_as_training_builds_contexts(
         "pairs_right": 1.0,
         "flagged": 0,
         "digit_mass": 0.9,
+        "by_error": {},
     }
     assert result["roles"]["code_executor"]["digit_mass"] is None
+    assert result["roles"]["code_executor"]["by_error"] == {"name_error": 1.0}
+    assert "code_executor pairs right by bad kind: name_error 100%" in printed
     assert result["seconds_per_action"] >= 0 and result["coach"]["backend"] == "local"
 
 
@@ -446,3 +450,22 @@ def test_real_demo_coach_on_a_cases_file_and_a_recorded_run(
     assert verifier["auc"] in (0.0, 0.5, 1.0) and verifier["recorded_auc"] == 0.0
     assert 0.0 <= verifier["spread"] <= 10.0 and verifier["digit_mass"] is not None
     assert "AUC" in capsys.readouterr().out
+
+
+def test_the_answer_check_grades_the_final_agents_cases_as_a_run_does(
+    fake_coach: FakeKeywordCoach,
+) -> None:
+    """With coach.answer_check on, each verifier case carries the grader's verdict on its
+    boxed answer (the built-in set: two right, one wrong, one with no answer)."""
+    overrides = ["coach.answer_check=true", "coach.template=mathchat_brief"]
+    assert main(["coach-check", *overrides]) == 0
+    verdicts = [c.answer_check for c in fake_coach.seen if c.agent == "verifier"]
+    assert [v is not None and "it equals the reference" in v for v in verdicts] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert "does NOT equal the reference answer 24" in str(verdicts[2])
+    assert "no final answer" in str(verdicts[3])
+    assert {c.answer_check for c in fake_coach.seen if c.agent != "verifier"} == {None}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from mappa.coach.context import CoachContext
+from mappa.config import RunConfig
 from mappa.sandbox.execute import cut_middle
 from mappa.workflow.records import Action, Episode, Score
 
@@ -77,25 +79,76 @@ class CoachBackend(Protocol):
     def score(self, contexts: Sequence[CoachContext]) -> list[Score]: ...
 
 
+@dataclass(frozen=True)
+class CoachView:
+    """How the coach is shown an action, the same in training and in ``mappa coach-check``:
+    the tool output cut to ``observation_chars``, the reference for ``reference_for``'s
+    agents, the agents' ``output_limit`` (so a cut-off reply reads as one), and with
+    ``answer_check`` the grader's verdict on the final answer beside the reference."""
+
+    observation_chars: int = 2000
+    reference_for: ReferenceFor = "final"
+    output_limit: int | None = None
+    answer_check: bool = False
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> CoachView:
+        return cls(
+            cfg.coach.observation_chars,
+            cfg.coach.reference_scope,
+            cfg.rollout.max_new_tokens,
+            cfg.coach.answer_check,
+        )
+
+
+def answer_verdict(final_answer: str | None, correct: bool, reference: str) -> str:
+    """The grader's verdict on an episode's final answer, in words for the coach.
+
+    >>> answer_verdict("13", False, "11")
+    'The final answer in this reply is 13: it does NOT equal the reference answer 11.'
+    >>> answer_verdict(None, False, "11")
+    'This reply gives no final answer in the required format.'
+    """
+    if final_answer is None:
+        return "This reply gives no final answer in the required format."
+    if correct:
+        return f"The final answer in this reply is {final_answer}: it equals the reference answer."
+    return (
+        f"The final answer in this reply is {final_answer}: it does NOT equal the reference "
+        f"answer {reference}."
+    )
+
+
 def build_context(
     episode: Episode,
     action: Action,
     roles: Mapping[str, str],
     final_agent: str,
-    observation_chars: int = 2000,
-    reference_for: ReferenceFor = "final",
-    output_limit: int | None = None,
+    view: CoachView = CoachView(),
 ) -> CoachContext:
     """The coach's view of one action. The reference (the answer for MathChat; for DSBench
     the outcome as it stood right after this action) is shown for the final agent
     (``reference_for="final"``, the paper), for every agent (``"all"``), or never
-    (``"none"``)."""
+    (``"none"``). The answer check goes with the final agent's last action, the one the
+    grader graded, on answer tasks (a modeling task's reference is its graded outcome
+    already)."""
     is_final = action.agent == final_agent
     obs = action.tool_observation
-    shown = reference_for == "all" or (reference_for == "final" and is_final)
+    shown = view.reference_for == "all" or (view.reference_for == "final" and is_final)
+    reference = (
+        (action.coach_reference or episode.coach_reference or episode.answer) if shown else None
+    )
+    graded = (
+        view.answer_check
+        and reference is not None
+        and is_final
+        and episode.correct is not None
+        and not episode.metrics
+        and action is episode.agent_actions(final_agent)[-1]
+    )
     return CoachContext(
         truncated=action.truncated,
-        output_limit=output_limit,
+        output_limit=view.output_limit,
         task_type=episode.task_type,
         task=episode.task,
         agent=action.agent,
@@ -103,13 +156,24 @@ def build_context(
         turn=action.turn,
         agent_input=action.prompt_text,
         output=action.completion_text,
-        observation=None if obs is None else cut_middle(obs, observation_chars),
+        observation=None if obs is None else cut_middle(obs, view.observation_chars),
         is_final=is_final,
-        ground_truth=(action.coach_reference or episode.coach_reference or episode.answer)
-        if shown
-        else None,
+        ground_truth=reference,
         files=action.workspace_files,
+        answer_check=answer_verdict(episode.final_answer, bool(episode.correct), str(reference))
+        if graded
+        else None,
     )
+
+
+def episode_contexts(
+    episodes: Sequence[Episode],
+    roles: Mapping[str, str],
+    final_agent: str,
+    view: CoachView = CoachView(),
+) -> list[CoachContext]:
+    """The coach's view of every action of ``episodes``, in order."""
+    return [build_context(ep, a, roles, final_agent, view) for ep in episodes for a in ep.actions]
 
 
 def score_episodes(
@@ -117,17 +181,11 @@ def score_episodes(
     episodes: Sequence[Episode],
     roles: Mapping[str, str],
     final_agent: str,
-    observation_chars: int = 2000,
-    reference_for: ReferenceFor = "final",
-    output_limit: int | None = None,
+    view: CoachView = CoachView(),
 ) -> list[Score]:
     """Score every action of every episode in place (one batched backend call)."""
-    pairs = [(ep, a) for ep in episodes for a in ep.actions]
-    contexts = [
-        build_context(ep, a, roles, final_agent, observation_chars, reference_for, output_limit)
-        for ep, a in pairs
-    ]
-    scores = backend.score(contexts)
-    for (_, action), score in zip(pairs, scores, strict=True):
+    scores = backend.score(episode_contexts(episodes, roles, final_agent, view))
+    actions = [a for ep in episodes for a in ep.actions]
+    for action, score in zip(actions, scores, strict=True):
         action.coach = score
     return scores

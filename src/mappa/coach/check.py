@@ -20,12 +20,12 @@ import json
 import time
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import mean, pstdev
 from typing import Any, TypeVar
 
-from mappa.coach.base import CoachBackend, ReferenceFor, build_context
+from mappa.coach.base import CoachBackend, CoachView, build_context
 from mappa.coach.context import CoachContext
 from mappa.workflow.records import Action, Episode, Score
 
@@ -64,6 +64,9 @@ class CheckCase:
     observation: str | None = None
     agent_input: str | None = None
     truncated: bool = False
+    error: str | None = None
+    """What kind of mistake a bad action makes (free text): the check reports pairs right
+    per kind, to show which mistakes a coach misses."""
 
 
 CASES: tuple[CheckCase, ...] = (
@@ -250,9 +253,10 @@ _KEY_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "good": ((bool,), "true or false"),
     "input": ((str,), "a string"),
     "truncated": ((bool,), "true or false"),
+    "error": ((str, type(None)), "a string or null"),
 }
 REQUIRED_KEYS = ("agent", "task", "answer", "output", "observation", "good")
-"""Keys every line of a cases file has (``input`` and ``truncated`` are optional)."""
+"""Keys every line of a cases file has (``input``, ``truncated`` and ``error`` are optional)."""
 
 
 def parse_case(obj: object, agents: Sequence[str], where: str) -> CheckCase:
@@ -300,6 +304,7 @@ agents ['verifier']
         observation=obj["observation"],
         agent_input=obj.get("input"),
         truncated=obj.get("truncated", False),
+        error=obj.get("error"),
     )
 
 
@@ -376,38 +381,35 @@ def case_episode(case: CheckCase, index: int = 0) -> Episode:
     return Episode(eid, eid, case.task, case.answer, actions=[action])
 
 
+Grader = Callable[[str, str], tuple[str | None, bool]]
+"""``(reply, reference) -> (final answer extracted, correct)``: the run's answer grader."""
+
+
 def case_contexts(
     cases: Sequence[CheckCase],
     roles: Mapping[str, str],
     final_agent: str,
-    observation_chars: int = 2000,
-    reference_for: ReferenceFor = "final",
-    output_limit: int | None = None,
+    view: CoachView = CoachView(),
+    grade: Grader | None = None,
 ) -> list[CoachContext]:
     """The coach's view of each case, built as training builds it (``build_context``): the
-    reference shown per ``reference_for`` (``coach.reference_scope``), the observation cut
-    to ``observation_chars``.
+    reference shown per ``view.reference_for`` (``coach.reference_scope``), the observation
+    cut to ``view.observation_chars``. ``grade`` grades the final agent's cases as the run
+    grades an episode, for the answer check (``view.answer_check``).
 
-    >>> ctxs = case_contexts(CASES, ROLES, "verifier", reference_for="final")
+    >>> ctxs = case_contexts(CASES, ROLES, "verifier", CoachView(reference_for="final"))
     >>> [(c.agent, c.ground_truth) for c in ctxs][8], ctxs[0].ground_truth is None
     (('verifier', '24'), True)
-    >>> {c.ground_truth for c in case_contexts(CASES, ROLES, "verifier", reference_for="none")}
+    >>> hidden = CoachView(reference_for="none")
+    >>> {c.ground_truth for c in case_contexts(CASES, ROLES, "verifier", hidden)}
     {None}
     """
     out = []
     for i, case in enumerate(cases):
         ep = case_episode(case, i)
-        out.append(
-            build_context(
-                ep,
-                ep.actions[0],
-                roles,
-                final_agent,
-                observation_chars,
-                reference_for,
-                output_limit,
-            )
-        )
+        if grade is not None and case.agent == final_agent:
+            ep.final_answer, ep.correct = grade(case.output, case.answer)
+        out.append(build_context(ep, ep.actions[0], roles, final_agent, view))
     return out
 
 
@@ -425,6 +427,8 @@ class RoleCheck:
     pairs_right: float
     flagged: int
     digit_mass: float | None
+    by_error: dict[str, float]
+    """Per kind of bad action (the cases' ``error``): its pairs right against every good one."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -436,6 +440,7 @@ class RoleCheck:
             "pairs_right": self.pairs_right,
             "flagged": self.flagged,
             "digit_mass": self.digit_mass,
+            "by_error": self.by_error,
         }
 
 
@@ -456,6 +461,11 @@ def discrimination(scores: Sequence[Score], cases: Sequence[CheckCase] = CASES) 
         bad = [s.value for s, c in mine if not c.good]
         right = pair_accuracy(good, bad)
         assert right is not None  # check_labels: both sides have a case
+        kinds: dict[str, list[float]] = {}
+        for score, case in mine:
+            if not case.good and case.error is not None:
+                kinds.setdefault(case.error, []).append(score.value)
+        by_error = {k: pair_accuracy(good, v) or 0.0 for k, v in sorted(kinds.items())}
         rows.append(
             RoleCheck(
                 role,
@@ -466,6 +476,7 @@ def discrimination(scores: Sequence[Score], cases: Sequence[CheckCase] = CASES) 
                 right,
                 sum(s.flagged for s, _ in mine),
                 mean_digit_mass(s for s, _ in mine),
+                by_error,
             )
         )
     return rows
@@ -528,6 +539,10 @@ class CheckReport:
                 _fmt(r.digit_mass),
             ]
             lines.append(_line(r.role, cells, _WIDTHS))
+        for r in self.rows:
+            if r.by_error:
+                kinds = ", ".join(f"{k} {v:.0%}" for k, v in r.by_error.items())
+                lines.append(f"  {r.role} pairs right by bad kind: {kinds}")
         verdict = "usable" if self.usable else "NOT reliable: use a stronger coach"
         cached = f" ({self.cached} from the cache)" if self.cached else ""
         lines.append(
@@ -560,22 +575,6 @@ def unknown_agents(episodes: Sequence[Episode], agents: Sequence[str]) -> list[s
     """Agents that act in ``episodes`` but are not in ``agents`` (the config's)."""
     seen = dict.fromkeys(a.agent for ep in episodes for a in ep.actions)
     return [a for a in seen if a not in agents]
-
-
-def episode_contexts(
-    episodes: Sequence[Episode],
-    roles: Mapping[str, str],
-    final_agent: str,
-    observation_chars: int = 2000,
-    reference_for: ReferenceFor = "final",
-    output_limit: int | None = None,
-) -> list[CoachContext]:
-    """The coach's view of every action of ``episodes``, in order, as training builds it."""
-    return [
-        build_context(ep, a, roles, final_agent, observation_chars, reference_for, output_limit)
-        for ep in episodes
-        for a in ep.actions
-    ]
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ class CoachContext:
     """Everything the coach may see when judging one action (docs/design.md §1).
 
     ``ground_truth`` holds the reference answer (MathChat) or the computed metrics
-    (DSBench); it is set only for the final agent and only when enabled. ``files`` is the
+    (DSBench), for the agents ``coach.reference_for`` names. ``files`` is the
     workspace listing with provenance (DSBench), ``task_type`` feeds the bias statistics.
+    ``answer_check`` is the grader's verdict on the final answer, in words
+    (``coach.answer_check``).
     """
 
     task: str
@@ -29,6 +31,7 @@ class CoachContext:
     output_limit: int | None = None
     files: str | None = None
     task_type: str = "default"
+    answer_check: str | None = None
 
     def digest(self) -> str:
         """A stable hash of everything the coach sees (the cache key's context part)."""

@@ -24,7 +24,8 @@ from mappa.config import AgentConfig
 ALLOWED_FIELDS: dict[str, set[str]] = {
     "system": {"output_limit", "pipeline"},
     "final_system": {"output_limit", "pipeline"},
-    "reference": {"ground_truth"},
+    "reference": {"ground_truth", "answer_check"},
+    "answer_check": {"verdict"},
     "user": {
         "task",
         "agent",
@@ -37,6 +38,7 @@ ALLOWED_FIELDS: dict[str, set[str]] = {
         "output_limit",
         "truncated_note",
         "reference",
+        "answer_check",
         "task_type",
     },
     "corrective": {"final_corrective"},
@@ -57,6 +59,7 @@ class CoachTemplate:
     user: str
     corrective: str
     source: str
+    answer_check: str = "\n\n## Checked by the grader\n{verdict}"
     pipeline: str = ""
     """The team, described from the run's agents (``{pipeline}``; see ``for_pipeline``)."""
 
@@ -65,8 +68,14 @@ class CoachTemplate:
         """Hash of the text the coach is shown (part of the cache key: editing the template
         or the pipeline it describes invalidates cached scores)."""
         parts = [self.system, self.final_system, self.reference, self.user, self.corrective]
+        parts.append(self.answer_check)
         text = "\x00".join([*parts, self.pipeline])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def shows_answer_check(self) -> bool:
+        """Whether ``{answer_check}`` appears where the coach reads it (reference or user)."""
+        return "answer_check" in _fields(self.reference) | _fields(self.user)
 
     def for_pipeline(self, agents: Sequence[AgentConfig]) -> CoachTemplate:
         """This template with ``{pipeline}`` describing ``agents``: the coach prompt then
@@ -141,6 +150,7 @@ def load_template(name_or_path: str) -> CoachTemplate:
         system=data["system"],
         final_system=data.get("final_system") or "",
         reference=data.get("reference") or "{ground_truth}",
+        **({"answer_check": data["answer_check"]} if data.get("answer_check") else {}),
         user=data["user"],
         corrective=data.get("corrective")
         or "Answer again with only the line `PROCESS_SCORE: x` (x from 0 to 10){final_corrective}.",
@@ -154,8 +164,9 @@ def render_messages(template: CoachTemplate, ctx: CoachContext) -> list[dict[str
     system = template.system.format(output_limit=limit, pipeline=template.pipeline)
     if ctx.is_final:
         system += template.final_system.format(output_limit=limit, pipeline=template.pipeline)
+    check = template.answer_check.format(verdict=ctx.answer_check) if ctx.answer_check else ""
     reference = (
-        template.reference.format(ground_truth=ctx.ground_truth)
+        template.reference.format(ground_truth=ctx.ground_truth, answer_check=check)
         if ctx.ground_truth is not None
         else ""
     )
@@ -171,6 +182,7 @@ def render_messages(template: CoachTemplate, ctx: CoachContext) -> list[dict[str
         output_limit=limit,
         truncated_note=" (cut off at the length limit)" if ctx.truncated else "",
         reference=reference,
+        answer_check=check,
         task_type=ctx.task_type,
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]

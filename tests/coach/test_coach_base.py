@@ -1,0 +1,106 @@
+"""How an action becomes the coach's view: the reference scope and the answer check."""
+
+from __future__ import annotations
+
+import pytest
+
+from mappa import factory
+from mappa.cli import default_config
+from mappa.coach import CoachView, build_context
+from mappa.coach.templates import load_template, render_messages
+from mappa.config import ConfigError, load_config
+from mappa.workflow.records import Action, Episode
+
+ROLES = {"solver": "Solves.", "verifier": "Checks."}
+
+
+def _episode(
+    *agents: str, final_answer: str | None = "13", correct: bool | None = False
+) -> Episode:
+    actions = [
+        Action("e", agent, turn, [1], [2], [-0.1], "in", f"{agent} {turn} \\boxed{{13}}", False)
+        for turn, agent in enumerate(agents)
+    ]
+    return Episode(
+        "e",
+        "t",
+        "What is 5 + 6?",
+        "11",
+        actions=actions,
+        final_answer=final_answer,
+        correct=correct,
+    )
+
+
+def _checks(ep: Episode, view: CoachView) -> list[str | None]:
+    return [build_context(ep, a, ROLES, "verifier", view).answer_check for a in ep.actions]
+
+
+def test_the_verdict_goes_with_the_final_agents_last_action_only() -> None:
+    ep = _episode("solver", "verifier", "verifier")
+    checks = _checks(ep, CoachView(reference_for="all", answer_check=True))
+    assert checks[:2] == [None, None]  # the solver's, and the verifier's earlier action
+    assert checks[2] == (
+        "The final answer in this reply is 13: it does NOT equal the reference answer 11."
+    )
+    right = _episode("verifier", final_answer="11", correct=True)
+    assert _checks(right, CoachView(answer_check=True)) == [
+        "The final answer in this reply is 11: it equals the reference answer."
+    ]
+    none = _episode("verifier", final_answer=None, correct=False)
+    assert "no final answer" in str(_checks(none, CoachView(answer_check=True))[0])
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        CoachView(answer_check=False),  # off: the paper's view
+        CoachView(reference_for="none", answer_check=True),  # no reference, no verdict on it
+    ],
+)
+def test_no_verdict_when_off_or_without_the_reference(view: CoachView) -> None:
+    assert _checks(_episode("solver", "verifier"), view) == [None, None]
+
+
+def test_no_verdict_for_an_ungraded_episode_or_a_modeling_task() -> None:
+    view = CoachView(answer_check=True)
+    assert _checks(_episode("verifier", correct=None), view) == [None]
+    modeling = _episode("verifier", final_answer=None, correct=True)
+    modeling.metrics = {"success": 1.0}  # its reference is the graded outcome already
+    assert _checks(modeling, view) == [None]
+
+
+def test_the_brief_template_shows_the_verdict_under_the_reference() -> None:
+    ep = _episode("verifier")
+    template = load_template("mathchat_brief")
+    on = build_context(ep, ep.actions[0], ROLES, "verifier", CoachView(answer_check=True))
+    user = render_messages(template, on)[1]["content"]
+    assert user.endswith(
+        "## Reference answer (for your judgement only; the agent did not see it)\n11\n\n"
+        "## Checked by the grader\n"
+        "The final answer in this reply is 13: it does NOT equal the reference answer 11."
+    )
+    off = build_context(ep, ep.actions[0], ROLES, "verifier", CoachView())
+    assert "grader" not in render_messages(template, off)[1]["content"]
+    assert template.shows_answer_check and not load_template("mathchat").shows_answer_check
+    assert on.digest() != off.digest()  # cached scores without the verdict are not reused
+
+
+def test_answer_check_with_a_template_that_never_shows_it_is_a_config_error() -> None:
+    cfg = load_config(default_config(), ["coach.answer_check=true", "coach.template=mathchat"])
+    with pytest.raises(ConfigError, match="coach.answer_check: template 'mathchat' never shows"):
+        factory.check(cfg)
+    brief = load_config(
+        default_config(), ["coach.answer_check=true", "coach.template=mathchat_brief"]
+    )
+    factory.check(brief)
+
+
+def test_the_view_follows_the_config() -> None:
+    cfg = load_config(
+        default_config(),
+        ["coach.answer_check=true", "coach.show_ground_truth=false", "coach.observation_chars=300"],
+    )
+    view = CoachView.of(cfg)
+    assert (view.answer_check, view.reference_for, view.observation_chars) == (True, "none", 300)
+    assert view.output_limit == cfg.rollout.max_new_tokens
