@@ -213,17 +213,88 @@ def test_non_finite_guard_counts_only_steps_in_a_row() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "engine", "dtype", "expected"),
+    ("mode", "engine", "dtype", "own", "expected"),
     [
-        ("auto", "hf", torch.float32, False),  # the sampler is the trainer, in float32
-        ("auto", "hf", torch.bfloat16, True),  # cache vs full forward differ in bf16
-        ("auto", "vllm", torch.float32, True),  # another engine's kernels
-        ("always", "hf", torch.float32, True),
-        ("never", "vllm", torch.bfloat16, False),
+        ("auto", "hf", torch.float32, True, False),  # the sampler is the trainer, in float32
+        ("auto", "hf", torch.bfloat16, True, True),  # cache vs full forward differ in bf16
+        ("auto", "vllm", torch.float32, True, True),  # another engine's kernels
+        ("auto", "hf", torch.float32, False, True),  # a copy (Ray engine actor): maybe
+        # on another device or in another dtype than the float32 trainer
+        ("always", "hf", torch.float32, True, True),
+        ("never", "vllm", torch.bfloat16, False, False),
     ],
 )
 def test_when_the_old_logprobs_are_recomputed(
-    mode: str, engine: str, dtype: torch.dtype, expected: bool
+    mode: str, engine: str, dtype: torch.dtype, own: bool, expected: bool
 ) -> None:
     rl = RLConfig.model_validate({"recompute_old_logprobs": mode})
-    assert recomputes_old_logprobs(rl, engine, dtype) is expected
+    assert recomputes_old_logprobs(rl, engine, dtype, sampler_is_trainer=own) is expected
+
+
+class FakeSeparateHfEngine:
+    """A fake of Ray's separate hf engine actors (``RemoteEngine`` with ``cluster.engines:
+    one | per_agent``): named ``hf``, not the trainer's modules (``shares_trainer`` false),
+    it samples by asking ``policies`` here, which a real engine actor holds a copy of."""
+
+    name = "hf"
+
+    def __init__(self, policies: Any, *, shares_trainer: bool = False) -> None:
+        self.policies, self.shares_trainer = policies, shares_trainer
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        return self.policies.generate(*args, **kwargs)
+
+    def sync(self, source: Any, step: int) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_which_samplers_are_the_trainers_own_modules() -> None:
+    from types import SimpleNamespace
+
+    from mappa.train import samples_from_trainer
+
+    policies = object()
+    here = SimpleNamespace(policies=policies, engine=policies)  # in-process hf: the policies
+    assert samples_from_trainer(here)  # type: ignore[arg-type]
+    separate = SimpleNamespace(policies=policies, engine=FakeSeparateHfEngine(policies))
+    assert not samples_from_trainer(separate)  # type: ignore[arg-type]
+    trainers = FakeSeparateHfEngine(policies, shares_trainer=True)  # cluster.engines: trainer
+    assert samples_from_trainer(SimpleNamespace(policies=policies, engine=trainers))  # type: ignore[arg-type]
+
+
+def test_auto_recomputes_the_old_logprobs_of_a_separate_hf_engine_in_float32(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's own decision: a float32 trainer whose hf sampler is a separate copy (as
+    Ray's engine actors are) gets its old log-probs recomputed under ``auto``."""
+    import dataclasses
+
+    from mappa import factory
+    from mappa import train as train_module
+
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.steps=1")
+    assert cfg.rollout.engine == "hf" and cfg.rl.recompute_old_logprobs == "auto"
+    asked: list[bool] = []
+
+    def models(cfg: Any, policies: Any) -> factory.RunModels:
+        local = factory.local_models(cfg, policies)
+        assert local.dtype == torch.float32
+
+        def update(episodes: Any, step: int, kl_ctl: Any, recompute_old: bool) -> Any:
+            asked.append(recompute_old)
+            return local.update(episodes, step, kl_ctl, recompute_old)
+
+        engine = FakeSeparateHfEngine(local.policies)
+        return dataclasses.replace(local, engine=engine, update=update)
+
+    monkeypatch.setattr(train_module, "_models", models)
+    run_dir = train(cfg)
+    assert asked == [True]
+    [m] = read_jsonl(run_dir / "metrics.jsonl")
+    assert any(k.startswith("rl/logprob_gap") for k in m)  # measured only when recomputed

@@ -534,10 +534,11 @@ class RLConfig(_Strict):
         "auto",
         description="Recompute the old log-probs (the PPO ratio's denominator, the KL's "
         "policy side) with the trainer before the update. `auto`: only when the sampler's "
-        "log-probs can differ from the trainer's, i.e. unless the hf engine samples in "
-        "float32 (the trainer's own modules; measured gap <= 2e-5), which saves a forward "
-        "pass per update. `never`: take the sampling log-probs (no importance correction "
-        "then). `always`: recompute, as OpenRLHF and verl do.",
+        "log-probs can differ from the trainer's, i.e. unless the sampler is the trainer's "
+        "own float32 modules (the hf engine in one process, or with `cluster.engines: "
+        "trainer`; measured gap <= 2e-5), which saves a forward pass per update; separate "
+        "engine actors hold copies, so they recompute. `never`: take the sampling log-probs "
+        "(no importance correction then). `always`: recompute, as OpenRLHF and verl do.",
     )
 
     @property

@@ -73,18 +73,31 @@ def step_metrics(step: int, episodes: Sequence[Episode], cfg: RunConfig) -> dict
     return out
 
 
-def recomputes_old_logprobs(rl: RLConfig, engine_name: str, dtype: torch.dtype) -> bool:
+def recomputes_old_logprobs(
+    rl: RLConfig, engine_name: str, dtype: torch.dtype, *, sampler_is_trainer: bool
+) -> bool:
     """Whether the update recomputes the old log-probs (``rl.recompute_old_logprobs``).
 
-    ``auto`` skips the pass only where the sampling log-probs are the trainer's own: the hf
-    engine samples from the very modules being trained, and in float32 the two layouts
-    (incremental decoding vs one full forward) agree to ~1e-5, so a recompute would only
-    cost a forward pass. In half precision, or on another engine, they can differ.
+    ``auto`` skips the pass only where the sampling log-probs are the trainer's own: an hf
+    engine that is the trainer's modules themselves (``sampler_is_trainer``: see
+    ``samples_from_trainer``), in float32, where the two layouts (incremental decoding vs
+    one full forward) agree to ~1e-5, so a recompute would only cost a forward pass. In half
+    precision, on another engine, or from a copy of the modules (a Ray engine actor, maybe
+    on another device or in another dtype) they can differ.
     """
     mode = rl.recompute_old_logprobs
     if mode != "auto":
         return mode == "always"
-    return not (engine_name == "hf" and dtype == torch.float32)
+    return not (sampler_is_trainer and engine_name == "hf" and dtype == torch.float32)
+
+
+def samples_from_trainer(models: factory.RunModels) -> bool:
+    """Whether the rollout samples from the very modules the update trains: in one process
+    the hf engine is the policies themselves; with Ray only ``cluster.engines: trainer``
+    (``RemoteEngine.shares_trainer``), while separate engine actors (``one``, ``per_agent``)
+    hold copies of the weights. Duck-typed: ``mappa.cluster`` imports Ray, an extra."""
+    engine = models.engine
+    return engine is models.policies or getattr(engine, "shares_trainer", False) is True
 
 
 def _models(cfg: RunConfig, policies: AgentPolicies | None) -> factory.RunModels:
@@ -153,7 +166,9 @@ def train(
     except BaseException:
         models.close()
         raise
-    recompute_old = recomputes_old_logprobs(cfg.rl, engine.name, models.dtype)
+    recompute_old = recomputes_old_logprobs(
+        cfg.rl, engine.name, models.dtype, sampler_is_trainer=samples_from_trainer(models)
+    )
     live: ScalarLog | None = None
     try:
         start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last

@@ -40,6 +40,21 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+def to_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it, however nested in dicts, lists and tuples, detached
+    and copied to CPU (a 0-dim tensor, as Adam's ``step``, stays a tensor); everything else
+    as it is. For results that leave a worker: the driver may have no GPU, or another."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_cpu(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(to_cpu(v) for v in value)
+    return value
+
+
 class PolicyWorker:
     """The base with the adapters of ``agents``, as trainer and/or engine and/or coach.
 
@@ -173,9 +188,15 @@ class PolicyWorker:
         )
 
     def optimizer_state(self, agent: str) -> dict[str, Any]:
-        return self.optimizers[agent].state_dict()
+        """``agent``'s Adam state for the driver's checkpoint, all on CPU (``to_cpu``): Adam's
+        moments live on this trainer's device, which the driver may lack."""
+        state: dict[str, Any] = to_cpu(self.optimizers[agent].state_dict())
+        return state
 
     def load_optimizer_state(self, agent: str, state: dict[str, Any]) -> None:
+        """Restore ``optimizer_state``'s CPU state. torch's ``Optimizer.load_state_dict``
+        moves each moment to its parameter's device and dtype (and ``step`` too where Adam
+        keeps it there: fused or capturable), so the state lands on this trainer's device."""
         self.optimizers[agent].load_state_dict(state)
 
     # ------------------------------------------------------------------ coach
