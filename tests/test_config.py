@@ -59,6 +59,14 @@ def test_template_field_must_exist_upstream(tmp_path: Path) -> None:
         load_config(_write(tmp_path, text))
 
 
+def test_agent_named_like_a_peft_module_is_a_config_error() -> None:
+    """Each agent's LoRA adapter is named after it: PEFT's own names are refused up front."""
+    for name in ["model", "base_model", "default", "weight", "lora_dropout"]:
+        with pytest.raises(ConfigError, match=rf"agents\.2\.name: .*rename agent '{name}'"):
+            load_config(default_config(), [f"agents.verifier.name={name}"])
+    assert load_config(default_config(), ["agents.verifier.name=model_checker"])
+
+
 def test_overrides_are_typed_and_validated() -> None:
     cfg = load_config(default_config(), ["rl.lr=3e-5", "agents.1.max_actions=3", "seed=7"])
     assert cfg.rl.lr == 3e-5 and cfg.agents[1].max_actions == 3 and cfg.seed == 7

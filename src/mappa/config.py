@@ -123,6 +123,28 @@ class RolloutConfig(_Strict):
     batch_size: int = Field(8, ge=1, description="Sequences generated together.")
 
 
+RESERVED_AGENT_NAMES = frozenset(
+    {"base_model", "model", "base_layer", "default", "weight", "bias"}
+    | {"modules_to_save", "original_module", "token_adapter"}
+)
+"""Agent names PEFT's own modules and parameters use (besides every ``lora_*`` name): an
+agent's LoRA adapter is named after it, so its tensors would be mistaken for PEFT's. Names
+of the base model's own modules (``q_proj``, ``mlp``, ...) are refused when the adapters are
+created (``mappa.models.policies.check_agent_names``), where the model is known."""
+
+
+def reserved_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name an agent (``RESERVED_AGENT_NAMES``), or None."""
+    if name not in RESERVED_AGENT_NAMES and not name.startswith("lora_"):
+        return None
+    return (
+        f"agent {name!r}: PEFT uses this name for its own modules or parameters "
+        f"(reserved: lora_* and {', '.join(sorted(RESERVED_AGENT_NAMES))}), and each "
+        f"agent's LoRA adapter is named after the agent; rename agent {name!r} "
+        f"(e.g. '{name.removeprefix('lora_')}_agent')"
+    )
+
+
 class AgentConfig(_Strict):
     """One agent of the pipeline: its own role, view of the episode and LoRA weights."""
 
@@ -146,6 +168,14 @@ class AgentConfig(_Strict):
         "Later agents are warned when one is missing, and a failed run is blamed on the "
         "first agent that did not deliver.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name_not_reserved(cls, name: str) -> str:
+        problem = reserved_name_problem(name)
+        if problem:
+            raise ValueError(problem)
+        return name
 
 
 class WorkflowConfig(_Strict):

@@ -12,8 +12,15 @@ import torch
 import torch.nn.functional as F
 
 from mappa.config import LoraConfig
+from mappa.models import policies as policies_module
 from mappa.models.loading import load_base
-from mappa.models.policies import AgentPolicies, left_pad, token_logprobs
+from mappa.models.policies import (
+    LORA_TENSOR_KINDS,
+    AgentPolicies,
+    left_pad,
+    lora_adapter_of,
+    token_logprobs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -285,3 +292,57 @@ def test_each_adapter_starts_from_its_own_seed_and_leaves_the_global_rng_alone(
         assert torch.equal(reloaded.adapter_state("checker")[key], value), key
     with pytest.raises(ValueError, match="does not match"):
         reloaded.load_adapter_state("checker", {"nonsense.lora_A.weight": torch.zeros(1)})
+
+
+@pytest.mark.filterwarnings("ignore:Adapter name .a. should not be contained in the prefix")
+def test_adapter_parameters_are_exactly_the_agents_own_lora_tensors(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent's optimizer gets its own LoRA A and B of each target module and nothing else:
+    not the tensors of an agent whose name extends it (``a``/``ab``), nor, for an agent named
+    like a module (``q_proj``, refused at creation but bypassed here), every agent's tensors
+    of that module."""
+    from peft.tuners.lora import LoraLayer
+
+    assert set(LORA_TENSOR_KINDS) == set(LoraLayer.adapter_layer_names)
+    assert lora_adapter_of("m.q_proj.lora_embedding_A.solver") == "solver"
+    assert lora_adapter_of("m.q_proj.lora_magnitude_vector.solver.weight") == "solver"
+
+    def check(agents: list[str]) -> None:
+        base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
+        pol = AgentPolicies(base, tok, agents, LoraConfig())
+        per_agent = 2 * len(LoraConfig().target_modules) * base.config.num_hidden_layers
+        names = {id(p): n for n, p in pol.model.named_parameters()}
+        chosen = {agent: [names[id(p)] for p in pol.adapter_parameters(agent)] for agent in agents}
+        for agent, own in chosen.items():
+            assert len(own) == per_agent, (agent, own)
+            assert all(f".lora_A.{agent}." in n or f".lora_B.{agent}." in n for n in own), own
+        assert not set(chosen[agents[0]]) & set(chosen[agents[1]])
+
+    check(["a", "ab"])
+    monkeypatch.setattr(policies_module, "check_agent_names", lambda *_: None, raising=False)
+    check(["solver", "q_proj"])
+
+
+def test_agents_named_like_a_module_of_the_model_or_peft_are_refused(
+    tiny_model_dir: Path,
+) -> None:
+    """An adapter is named after its agent, so an agent may not share a name with a module of
+    the base model (found from the model itself) or of PEFT; containing one is fine."""
+    base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
+    for agent, path in [
+        ("q_proj", "model.layers.0.self_attn.q_proj"),
+        ("mlp", "model.layers.0.mlp"),
+        ("layers", "model.layers"),
+        ("embed_tokens", "model.embed_tokens"),
+    ]:
+        with pytest.raises(ValueError, match=rf"rename agent '{agent}'") as err:
+            AgentPolicies(base, tok, ["solver", agent], LoraConfig())
+        assert f"agent '{agent}' has the name of a module of the base model ({path})" in str(
+            err.value
+        )
+    for agent in ["base_layer", "default", "lora_dropout"]:
+        with pytest.raises(ValueError, match=rf"PEFT uses this name.*rename agent '{agent}'"):
+            AgentPolicies(base, tok, ["solver", agent], LoraConfig())
+    pol = AgentPolicies(base, tok, ["q_proj_agent", "solver"], LoraConfig())
+    assert len(pol.adapter_parameters("q_proj_agent")) == len(pol.adapter_parameters("solver"))

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from mappa.config import LoraConfig as LoraSettings
+from mappa.config import reserved_name_problem
 from mappa.models.batching import token_batches
 from mappa.models.interface import Sample, TokenLogprobs
 
@@ -178,6 +179,64 @@ def adapter_seed(seed: int, agent: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1  # torch.manual_seed takes < 2**63
 
 
+LORA_TENSOR_KINDS = (
+    "lora_A",
+    "lora_B",
+    "lora_embedding_A",
+    "lora_embedding_B",
+    "lora_magnitude_vector",
+)
+"""PEFT's per-adapter LoRA containers (``LoraLayer.adapter_layer_names``): the component of a
+parameter's name right after one of these is the adapter it belongs to, as in
+``...q_proj.lora_A.<adapter>.weight`` or ``...embed_tokens.lora_embedding_A.<adapter>``."""
+
+
+def lora_adapter_of(name: str) -> str | None:
+    """The adapter a LoRA parameter (or state-dict key) belongs to; ``None`` for any other.
+
+    The name is parsed, not searched: an agent called ``q_proj`` or ``a`` owns only the
+    tensors under ``lora_A.q_proj`` / ``lora_A.a``, not every name containing ``.q_proj.``.
+
+    >>> lora_adapter_of("base_model.model.model.layers.0.self_attn.q_proj.lora_A.solver.weight")
+    'solver'
+    >>> lora_adapter_of("base_model.model.model.layers.0.mlp.up_proj.base_layer.weight") is None
+    True
+    """
+    parts = name.split(".")
+    for i in range(len(parts) - 2, -1, -1):  # the innermost container: the base may reuse names
+        if parts[i] in LORA_TENSOR_KINDS:
+            return parts[i + 1]
+    return None
+
+
+def check_agent_names(base: Any, agents: Sequence[str]) -> None:
+    """Refuse agent names that PEFT or ``base`` already uses for a module or parameter.
+
+    Each agent's adapter is named after it and its tensors are found, saved and loaded by
+    name (``...q_proj.lora_A.<agent>.weight``); an agent called ``q_proj`` or ``mlp`` would be
+    confused with the model's own modules (PEFT drops other adapters' tensors from a saved
+    file by their ``.<name>.`` component). The config refuses PEFT's names
+    (``RESERVED_AGENT_NAMES``); only here, with the model at hand, are its modules known.
+    Raises ``ValueError`` naming the agent and the module path it collides with.
+    """
+    paths: dict[str, str] = {}
+    named = [base.named_modules(), base.named_parameters(), base.named_buffers()]
+    for path in (p for items in named for p, _ in items):
+        for part in path.split("."):
+            paths.setdefault(part, path)
+    for agent in agents:
+        problem = reserved_name_problem(agent)
+        if problem:
+            raise ValueError(problem)
+        if agent in paths:
+            raise ValueError(
+                f"agent {agent!r} has the name of a module of the base model "
+                f"({paths[agent]}): each agent's LoRA adapter is named after the agent, and its "
+                f"tensors would be confused with that module's; rename agent {agent!r} "
+                f"(e.g. '{agent}_agent')"
+            )
+
+
 class AgentPolicies:
     """All agents' policies over one base model.
 
@@ -210,6 +269,7 @@ class AgentPolicies:
     ) -> None:
         from peft import LoraConfig, PeftModel, get_peft_model
 
+        check_agent_names(base, agents)
         self.tokenizer = tokenizer
         self.agents = list(agents)
         self.base_name = base_name
@@ -254,7 +314,7 @@ class AgentPolicies:
     # ----------------------------------------------------------------- parameters
     def adapter_parameters(self, agent: str) -> list[torch.nn.Parameter]:
         """The trainable tensors of one agent (its LoRA matrices), nothing else."""
-        params = [p for n, p in self.model.named_parameters() if f".{agent}." in n and "lora_" in n]
+        params = [p for n, p in self.model.named_parameters() if lora_adapter_of(n) == agent]
         if not params:
             raise KeyError(f"no adapter parameters for agent {agent!r}")
         return params
@@ -468,7 +528,7 @@ class AgentPolicies:
         from peft import set_peft_model_state_dict
 
         result: Any = set_peft_model_state_dict(self.model, weights, adapter_name=agent)
-        missing = [k for k in result.missing_keys if "lora_" in k and f".{agent}." in k]
+        missing = [k for k in result.missing_keys if lora_adapter_of(k) == agent]
         if missing or result.unexpected_keys:
             raise ValueError(
                 f"saved adapter does not match agent {agent!r} "
