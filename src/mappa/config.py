@@ -485,7 +485,14 @@ class RLConfig(_Strict):
         description="Per-token KL estimate of pi vs pi_ref: k1 = log ratio (the paper), "
         "k2 = half squared log ratio, k3 = exp(-log ratio) - 1 + log ratio.",
     )
-    kl_beta: float = Field(0.01, ge=0.0, description="KL coefficient (initial value if adaptive).")
+    kl_beta: float = Field(
+        0.01,
+        ge=0.0,
+        description="KL coefficient (initial value if adaptive), in the reward's own units "
+        "for every estimator: whatever divides the reward (whitening, GRPO's group std) "
+        "divides the KL penalty too (docs/algorithm.md §3a), so a reward that spreads less "
+        "(coach score / 10 vs 0/1 outcome) feels the same beta more.",
+    )
     kl_target: float | None = Field(
         None,
         gt=0.0,
@@ -495,7 +502,10 @@ class RLConfig(_Strict):
         10_000, ge=1, description="Adaptive beta: tokens over which beta adapts."
     )
     kl_in_loss: bool = Field(
-        False, description="Put the KL penalty in the loss (GRPO-style) instead of the reward."
+        False,
+        description="Put the KL penalty in the loss (GRPO-style) instead of the reward. Then "
+        "kl_beta weighs the KL against the normalized advantages, not the reward, so its "
+        "values do not carry over from the in-reward KL (docs/algorithm.md §3a).",
     )
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount of the return-to-go.")
     norm_scope: Literal["agent", "global", "agent_tasktype"] = Field(

@@ -276,15 +276,17 @@ def test_grpo_token_rewards_keep_the_kl_penalty_and_gamma() -> None:
     #   row0 -0.01, 0.02, -0.03+0.9 ; row1 -0.05, 0+0.3 ; row2 -0.02, -0.02+0.5 ; row3 -0.1+0.5
     g = groups(rewards, prompt=[0, 0, 1, 1])
     est = get_estimator("grpo")(r, G_MASK, g, CFG)
-    # group 0: mean 0.6, unbiased std sqrt((.09+.09)/1)=.424264 -> A = +-0.3/.424264 = +-.707107
-    # group 1: rewards tie -> exactly 0. The adjusted scalar replaces R on the last token:
-    #   row0 -0.01, 0.02, -0.03+.707107=.677107 ; row1 -0.05, -.707107 ; row2 -0.02, -0.02 ;
-    #   row3 -0.1. Return-to-go (gamma 1), and advantages = returns (no whitening):
+    # group 0: mean 0.6, unbiased std s = sqrt((.09+.09)/1) = .424264 -> A = +-0.3/s = +-a,
+    # a = .707107. The adjusted scalar replaces R on the last token and the KL penalty is
+    # divided by the same s (beta in reward units, §3a): 0.01/s = a/30, 0.05/s = a/6.
+    #   row0 -a/30, +a/15, -a/10 + a ; row1 -a/6, -a.
+    # group 1: rewards tie -> exactly 0 and nothing divided: row2 -0.02, -0.02 ; row3 -0.1.
+    # Return-to-go (gamma 1), and advantages = returns (no whitening):
     a = 0.70710678
     expected = torch.tensor(
         [
-            [-0.01 + 0.02 - 0.03 + a, 0.02 - 0.03 + a, -0.03 + a],  # .687107 .697107 .677107
-            [-0.05 - a, -a, 0.0],  # -.757107 -.707107
+            [0.9 * a + a / 30, 0.9 * a + a / 15, 0.9 * a],  # .659966 .683537 .636396
+            [-a - a / 6, -a, 0.0],  # -.824958 -.707107
             [-0.04, -0.02, 0.0],
             [-0.1, 0.0, 0.0],
         ]
@@ -293,11 +295,11 @@ def test_grpo_token_rewards_keep_the_kl_penalty_and_gamma() -> None:
     assert torch.equal(est.returns, est.advantages)
     assert est.signal.tolist() == [True, True, False, False]
     assert est.counts == {"flat_groups": 1, "singleton_groups": 0}
-    # gamma 0.5, row0: t2 = .677107 ; t1 = 0.02 + 0.5*.677107 = .358554 ;
-    # t0 = -0.01 + 0.5*.358554 = .169277
+    # gamma 0.5, row0: t2 = .9a = .636396 ; t1 = a/15 + 0.5*.636396 = .365339 ;
+    # t0 = -a/30 + 0.5*.365339 = .159099
     half = get_estimator("grpo")(r, G_MASK, g, EstimatorConfig(gamma=0.5))
     assert torch.allclose(
-        half.advantages[0], torch.tensor([0.169277, 0.358554, 0.677107]), atol=1e-6
+        half.advantages[0], torch.tensor([0.159099, 0.365339, 0.636396]), atol=1e-6
     )
 
 
@@ -329,6 +331,120 @@ def test_group_estimators_without_kl_are_the_textbook_ones() -> None:
     a = 0.70710678
     expected = torch.tensor([[a, a], [-a, 0.0], [-a, -a], [a, a], [0.0, 0.0]])
     assert torch.allclose(adv, expected, atol=1e-5)
+
+
+# The one rule for beta (docs/algorithm.md §3a): beta is in the reward's own units. Whatever
+# an estimator divides the reward by divides the KL penalty too, so the KL's weight against
+# the reward is the same in every estimator.
+ESTIMATORS = ("reinforce_pp", "outcome_only", "grpo", "rloo")
+NORMALISING = ("reinforce_pp", "outcome_only", "grpo")  # rloo divides by nothing
+
+
+def _estimate(
+    name: str,
+    rewards: list[float],
+    kl: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    prompt: list[int] | None = None,
+    cfg: EstimatorConfig = CFG,
+) -> torch.Tensor:
+    """``name``'s advantages; ``rewards`` are the scalar rewards, or the outcomes for
+    ``outcome_only`` (whose placed reward, swapped out, is an unrelated 0.37)."""
+    placed = [0.37] * len(rewards) if name == "outcome_only" else rewards
+    g = groups(placed, prompt=prompt, outcomes=rewards)
+    r = token_rewards(torch.tensor(placed), kl, mask, beta)
+    return get_estimator(name)(r, mask, g, cfg).advantages
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+@pytest.mark.parametrize("c", [0.1, 10.0])
+def test_beta_is_in_reward_units_in_every_estimator(name: str, c: float) -> None:
+    # Rewards, beta and the reward-unit thresholds times c: a normalising estimator gives the
+    # very same advantages, rloo (nothing divided) c times them. Before the rule GRPO divided
+    # the reward by the group std but not the KL, so its KL weighed c times more here.
+    rewards, prompt, beta = [0.9, 0.3, 0.5, 0.7], [0, 0, 1, 1], 0.1
+    base = _estimate(name, rewards, G_KL, G_MASK, beta, prompt)
+    scaled_cfg = EstimatorConfig(eps=1e-4 * c, min_spread=0.05 * c)
+    scaled = _estimate(name, [c * x for x in rewards], G_KL, G_MASK, c * beta, prompt, scaled_cfg)
+    factor = 1.0 if name in NORMALISING else c
+    torch.testing.assert_close(scaled, factor * base, rtol=1e-5, atol=1e-6)
+
+
+def test_the_kl_weighs_alike_against_a_tenth_of_the_spread_in_every_estimator() -> None:
+    # One task sampled 4 times, 2 tokens each; the same per-token KL (only row 0 pays it)
+    # and beta. Outcomes o = 0, 1, 0, 1 (spread 1) against process rewards 0.5 + o/10
+    # (spread 0.1, as coach scores / 10 are). Rows 0 and 2 share a reward, so A[2] - A[0]
+    # is the KL's effect; rows 2 and 3 differ only in reward, so A[3] - A[2] is the reward
+    # gap's. Under the rule their ratio is beta * (KL still ahead) / (reward gap), whatever
+    # the estimator: 0.1 * (0.3 + 0.2, 0.2) / gap -> (0.05, 0.02) / gap.
+    kl = torch.tensor([[0.3, 0.2], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    mask = torch.ones(4, 2)
+    outcomes = [0.0, 1.0, 0.0, 1.0]
+    process = [0.5 + o / 10 for o in outcomes]
+    cases = [
+        ("reinforce_pp", process, 0.1),
+        ("reinforce_pp", outcomes, 1.0),
+        ("outcome_only", outcomes, 1.0),
+        ("grpo", process, 0.1),
+        ("grpo", outcomes, 1.0),
+    ]
+    for name, rewards, gap in cases:
+        adv = _estimate(name, rewards, kl, mask, beta=0.1)
+        share = (adv[2] - adv[0]) / (adv[3] - adv[2])
+        expected = torch.tensor([0.05, 0.02]) / gap
+        torch.testing.assert_close(
+            share, expected, rtol=1e-4, atol=0.0, msg=lambda m, n=name, g=gap: f"{n} gap {g}: {m}"
+        )
+    # (rloo's leave-one-out baseline stretches a reward gap by n/(n-1) and is unbiased for
+    # it; it divides by nothing, so beta is in reward units there by construction)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_a_batch_of_equal_rewards_keeps_the_kl_in_reward_units(name: str) -> None:
+    # Every reward equal: nothing is divided (min_reward_spread), so the advantages are the
+    # KL penalty alone, at beta's own scale, linear in beta: centered for the whitening
+    # estimators, as they are for the group ones.
+    rewards = [0.5, 0.5, 0.5, 0.5]
+    adv = _estimate(name, rewards, G_KL, G_MASK, 0.1, [0, 0, 1, 1])
+    penalty = returns_to_go(-0.1 * G_KL * G_MASK, G_MASK)
+    if name in ("reinforce_pp", "outcome_only"):
+        penalty = (penalty - penalty[G_MASK > 0].mean()) * G_MASK
+    torch.testing.assert_close(adv, penalty, rtol=0.0, atol=1e-6)
+    tenfold = _estimate(name, rewards, G_KL, G_MASK, 1.0, [0, 0, 1, 1])
+    torch.testing.assert_close(tenfold, 10 * adv, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_a_single_sample_keeps_the_kl_in_reward_units(name: str) -> None:
+    # One action: no spread, no group. Its KL penalty is not divided by anything.
+    kl, mask = G_KL[:1], G_MASK[:1]  # tokens -0.01, 0.02, -0.03 -> returns -0.02 -0.01 -0.03
+    adv = _estimate(name, [0.9], kl, mask, 0.1)
+    returns = torch.tensor([[-0.02, -0.01, -0.03]])
+    expected = returns + 0.02 if name in ("reinforce_pp", "outcome_only") else returns
+    torch.testing.assert_close(adv, expected, rtol=0.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_without_kl_the_advantages_are_the_former_ones(name: str) -> None:
+    # beta 0: the rule has nothing to scale. The KL tensor is ignored bit for bit, and the
+    # advantages are the textbook ones: whitened rewards (reinforce_pp, outcome_only), the
+    # group-normalised (grpo) or leave-one-out (rloo) scalar on every token.
+    rewards, prompt = [0.9, 0.3, 0.5, 0.7], [0, 0, 1, 1]
+    adv = _estimate(name, rewards, G_KL, G_MASK, 0.0, prompt)
+    assert torch.equal(adv, _estimate(name, rewards, torch.zeros_like(G_KL), G_MASK, 0.0, prompt))
+    a = 0.70710678
+    scalar = {  # per row, on every token
+        "grpo": [a, -a, -a, a],  # +-0.3/sqrt(.18), -+0.1/sqrt(.02)
+        "rloo": [0.6, -0.6, -0.2, 0.2],
+    }
+    if name in scalar:
+        expected = torch.tensor(scalar[name])[:, None] * G_MASK
+    else:  # 3 + 2 + 2 + 1 tokens: mean (2.7 + 0.6 + 1.0 + 0.7)/8 = 0.625
+        centred = torch.tensor(rewards)[:, None] - 0.625
+        std = float(centred.expand_as(G_MASK)[G_MASK > 0].std())
+        expected = centred / std * G_MASK
+    torch.testing.assert_close(adv, expected, rtol=0.0, atol=1e-6)
 
 
 def test_whitening_scopes() -> None:

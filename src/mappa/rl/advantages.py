@@ -7,6 +7,13 @@ are whitened together (the normalization scope), and each row's scalar reward an
 outcome. Besides advantages and returns an estimator says which rows carry reward signal
 (the update skips an agent none of whose rows does: docs/algorithm.md §4) and counts what
 it left degenerate, for the log.
+
+One rule for the KL coefficient in every estimator (docs/algorithm.md §3a): beta is in the
+reward's own units, so whatever number an estimator divides the reward by (a scope's std,
+a group's std) divides the KL penalty too, and a scope or group it does not divide keeps
+both as they are. Multiplying every reward and beta (and the reward-unit thresholds
+``min_spread`` and ``eps``) by one c > 0 then multiplies every advantage by one positive
+number: the KL's weight against the reward does not depend on the estimator.
 """
 
 from __future__ import annotations
@@ -108,7 +115,8 @@ def reinforce_pp(
     no group: downstream agents' inputs differ from episode to episode). A scope whose
     scalar rewards spread less than ``cfg.min_spread`` (all equal, at 0) carries no signal
     and is only centered: dividing by its std would blow the KL term's noise, or a near-tie
-    of expected coach scores, up to unit-size advantages.
+    of expected coach scores, up to unit-size advantages. The whitened return holds the KL
+    penalty, so reward and KL are divided by the same std (beta in reward units).
     """
     returns = returns_to_go(token_rewards, mask, cfg.gamma)
     return _whitened(returns, mask, groups.scope, groups.rewards, cfg)
@@ -134,20 +142,25 @@ def _group_baselined(
     mask: torch.Tensor,
     groups: Groups,
     cfg: EstimatorConfig,
-    adjust: Callable[[torch.Tensor], torch.Tensor],
+    adjust: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
 ) -> Estimate:
     """OpenRLHF's shape for group baselines: the baseline-adjusted scalar replaces R on the
-    last token (the per-token KL penalty stays), then return-to-go with gamma; no whitening.
+    last token, then return-to-go with gamma; no whitening. The per-token KL penalty stays
+    and is divided by the same number as the reward (docs/algorithm.md §3a: beta is in
+    reward units in every estimator).
 
     ``adjust`` maps a group's scalar rewards (two or more, spread by at least
-    ``cfg.min_spread``) to adjusted ones. A group of one, or one whose rewards spread less
-    (all equal, at 0), gets exactly 0 and carries no signal: GRPO would divide a near-tie by
-    its tiny std. Every row of a group, trained or masked out, counts toward its baseline.
+    ``cfg.min_spread``) to (adjusted scalars, divisor): ``(R - baseline) / divisor`` and
+    the divisor itself (1 for a plain baseline). A group of one, or one whose rewards
+    spread less (all equal, at 0), gets exactly 0 and divisor 1, and carries no signal:
+    GRPO would divide a near-tie by its tiny std. Every row of a group, trained or masked
+    out, counts toward its baseline.
     """
     rewards = groups.rewards.to(token_rewards.dtype)
     everyone = torch.ones_like(rewards, dtype=torch.bool)
     signal = group_spread(groups.prompt, rewards, everyone, cfg.min_spread)
     adjusted = torch.zeros_like(rewards)
+    divisor = torch.ones_like(rewards)
     singletons = flat = 0
     for g in torch.unique(groups.prompt):
         rows = groups.prompt == g
@@ -157,8 +170,13 @@ def _group_baselined(
         elif not bool(signal[rows].any()):
             flat += 1
         else:
-            adjusted[rows] = adjust(r)
+            adjusted[rows], divisor[rows] = adjust(r)
     shaped = _swap_scalar(token_rewards, mask, rewards, adjusted)
+    # The KL penalty (the token rewards less R) divided by the divisor too. Added as
+    # penalty * (1/d - 1) so that without KL, or with d = 1 (rloo, flat and singleton
+    # groups), the token rewards are bit for bit those before the rule.
+    penalty = _swap_scalar(token_rewards, mask, rewards, torch.zeros_like(rewards))
+    shaped = shaped + penalty * (1.0 / divisor - 1.0)[:, None]
     returns = returns_to_go(shaped, mask, cfg.gamma)
     counts = {"flat_groups": flat, "singleton_groups": singletons}
     return Estimate(returns, returns, signal & _live(mask), counts)
@@ -168,14 +186,16 @@ def _group_baselined(
 def grpo(
     token_rewards: torch.Tensor, mask: torch.Tensor, groups: Groups, cfg: EstimatorConfig
 ) -> Estimate:
-    """GRPO: (R - group mean) / max(group std, eps) on the last token, plus the KL penalty.
+    """GRPO: (R - group mean) / max(group std, eps) on the last token, plus the KL penalty
+    divided by the same max(group std, eps), so beta stays in reward units.
 
     Groups are rows of the same task, agent and turn. Kept to reproduce the comparison
     MAPPA argues against.
     """
 
-    def adjust(r: torch.Tensor) -> torch.Tensor:
-        return (r - r.mean()) / torch.clamp(r.std(), min=cfg.eps)
+    def adjust(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        std = torch.clamp(r.std(), min=cfg.eps)
+        return (r - r.mean()) / std, std.expand_as(r)
 
     return _group_baselined(token_rewards, mask, groups, cfg, adjust)
 
@@ -185,9 +205,9 @@ def rloo(
     token_rewards: torch.Tensor, mask: torch.Tensor, groups: Groups, cfg: EstimatorConfig
 ) -> Estimate:
     """REINFORCE leave-one-out: R_i minus the mean reward of the other rows of its group,
-    on the last token, plus the KL penalty."""
+    on the last token, plus the KL penalty (nothing is divided: beta in reward units)."""
 
-    def adjust(r: torch.Tensor) -> torch.Tensor:
-        return r - (r.sum() - r) / (r.numel() - 1)
+    def adjust(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return r - (r.sum() - r) / (r.numel() - 1), torch.ones_like(r)
 
     return _group_baselined(token_rewards, mask, groups, cfg, adjust)
