@@ -13,6 +13,7 @@
 #   make lint   ruff (lint and format) and mypy, as CI runs them
 #   make docs   regenerate docs/config.md from the field descriptions in config.py
 #   make bench  the speed and memory table (benchmarks/run.py; run it alone, ~30 minutes)
+#   make gpu-check  the GPU readiness check (docs/scaling.md); on a CPU, its tiny version
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -21,7 +22,7 @@ DEPS   := pyproject.toml requirements-models.txt Makefile
 # Extra arguments for `mappa train` in `make demo`, e.g. ARGS="train.steps=1".
 ARGS   ?=
 
-.PHONY: install install-dev install-coach-server install-ray install-vllm install-qwen install-browser demo experiment test test-unit lint docs bench clean-venv
+.PHONY: install install-dev install-coach-server install-ray install-vllm install-qwen install-browser demo experiment test test-unit lint docs bench gpu-check gpu-wheels clean-venv
 
 install: $(VENV)/.mappa-installed
 install-dev: $(VENV)/.mappa-dev
@@ -109,6 +110,18 @@ docs: install
 
 bench: install
 	$(BIN)/python benchmarks/run.py $(ARGS)
+
+# The GPU readiness check (benchmarks/gpu_check.py; docs/scaling.md): Qwen3-4B's architecture
+# trained end to end on CUDA; here, without CUDA, the same path with a tiny model (~1 minute).
+gpu-check: install
+	$(BIN)/python benchmarks/gpu_check.py --out runs/gpu_check.json
+
+# The wheels gpu-check needs beyond a GPU machine's PyTorch image (no package index there),
+# for Python 3.12 on x86-64 Linux, into .whl/ (git-ignored; it travels beside the tree).
+gpu-wheels: install
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d .whl $$($(BIN)/python benchmarks/gpu_check.py --wheels)
 
 clean-venv:
 	rm -rf $(VENV)
