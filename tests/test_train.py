@@ -132,6 +132,10 @@ def test_cli_run_ends_with_a_summary_and_adapters_travel(
         assert line.split()[0] == agent and " -> " in line and line.endswith("trained")
         assert int(line.split()[-2]) > 0  # actions trained on over the run
     assert summary[5].startswith("  accuracy (training rollouts): ")
+    assert (
+        summary[6].startswith("  coach signal: ")
+        and " of 6 agent-steps; digit mass " in (summary[6])
+    )
     assert f"evaluate: mappa eval --adapters {tmp_path / 'run'}" in summary[-1]
 
     adapter = tmp_path / "elsewhere" / "verifier"

@@ -23,7 +23,9 @@ def run_summary(run_dir: Path, agents: Sequence[str]) -> str:
     """A ten-second summary of a finished run, from its ``metrics.jsonl``.
 
     Per agent: coach score at the first and the last step, and the actions trained on;
-    training and held-out accuracy, first and last; where the run's files are.
+    training and held-out accuracy, first and last; in how many (step, agent) pairs the
+    coach's scores carried signal and the mean probability it put on a score where it was
+    read (digit mass; ~1 for a coach that follows its template); where the run's files are.
     """
     rows = read_jsonl(run_dir / "metrics.jsonl")
     steps = len(rows)
@@ -42,6 +44,16 @@ def run_summary(run_dir: Path, agents: Sequence[str]) -> str:
         first, last = _first_last(rows, key)
         if first is not None:
             lines.append(f"  {label}: {_num(first)} -> {_num(last)}")
+    scored = sum(int(r.get("coach_health/agents") or 0) for r in rows)
+    if scored:
+        signal = sum(int(r.get("coach_health/signal_agents") or 0) for r in rows)
+        masses = [m for r in rows if (m := r.get("coach_health/digit_mass")) is not None]
+        mass = (
+            f"; digit mass {sum(masses) / len(masses):.3f} (lowest step {min(masses):.3f})"
+            if masses
+            else ""
+        )
+        lines.append(f"  coach signal: {signal} of {scored} agent-steps{mass}")
     lines.append(
         f"  written: episodes.jsonl, metrics.jsonl, adapters/ ({', '.join(agents)}) in {run_dir}"
     )
