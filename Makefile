@@ -10,7 +10,7 @@
 #   make install-qwen  the Qwen2.5-Coder 0.5B and 1.5B models (1.5 GB; demo and test skip them)
 #   make experiment  + the Qwen models, the llama.cpp coach server and matplotlib; then the
 #               CPU comparison of process vs outcome rewards (~90 minutes; docs/results.md)
-#   make lint   ruff (lint and format) and mypy, as CI runs them
+#   make lint   ruff (lint and format), mypy and the import-layer contracts, as CI runs them
 #   make docs   regenerate docs/config.md from the field descriptions in config.py
 #   make bench  the speed and memory table (benchmarks/run.py; run it alone, ~30 minutes)
 #   make gpu-check  the GPU readiness check (docs/scaling.md); on a CPU, its tiny version
@@ -104,6 +104,7 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 docs: install
 	$(BIN)/python -c "from mappa.config import reference_markdown; print(reference_markdown())" > docs/config.md
