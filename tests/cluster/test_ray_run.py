@@ -142,17 +142,31 @@ def train_here(cfg: Any) -> Path:
         torch.set_num_threads(threads)
 
 
+RECOMPUTED = "rl.recompute_old_logprobs=always"
+"""A separate engine actor samples from a copy of the weights, so `auto` recomputes the old
+log-probs there; the single-process run it must equal recomputes them too."""
+
+
 @pytest.fixture(scope="module")
 def single_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny 2-step run in this process: what every Ray layout must reproduce."""
+    """The tiny 2-step run in this process, sampling from the trained modules (no recompute):
+    what a layout whose engine is the trainer must reproduce."""
     return train_here(tiny_run_config(tiny_model_dir, tmp_path_factory.mktemp("single") / "run"))
+
+
+@pytest.fixture(scope="module")
+def single_recomputed(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same run with the old log-probs recomputed: what a layout with separate engine
+    actors must reproduce."""
+    run = tmp_path_factory.mktemp("single-recomputed") / "run"
+    return train_here(tiny_run_config(tiny_model_dir, run, RECOMPUTED))
 
 
 def test_trainers_on_two_nodes_train_as_one_process(
     tiny_model_dir: Path,
     tmp_path: Path,
     two_nodes: str,
-    single_run: Path,
+    single_recomputed: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="mappa.cluster.launch")
@@ -163,7 +177,7 @@ def test_trainers_on_two_nodes_train_as_one_process(
     trainer = {a: nodes[f"mappa-trainer-{a}"] for a in AGENT_NODES}
     assert trainer["problem_solver"] != trainer["code_executor"] == trainer["verifier"]
     assert nodes["mappa-engine"] == trainer["problem_solver"]
-    assert_same_run(ray_dir, single_run)
+    assert_same_run(ray_dir, single_recomputed)
 
 
 def test_one_actor_for_everything_trains_as_one_process(
@@ -264,5 +278,7 @@ def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == [0]
 
     train(cfg, resume=run_dir)
-    single = train_here(tiny_run_config(tiny_model_dir, tmp_path / "single", "train.steps=3"))
+    single = train_here(
+        tiny_run_config(tiny_model_dir, tmp_path / "single", "train.steps=3", RECOMPUTED)
+    )
     assert_same_run(run_dir, single)
