@@ -17,10 +17,11 @@ import pytest
 import yaml
 from conftest import tiny_run_config
 
-from mappa.checkpoint import TaskBatches, config_differences, latest_checkpoint
+from mappa.checkpoint import config_differences, latest_checkpoint
 from mappa.cli import main
 from mappa.jsonl import read_jsonl
 from mappa.tasks import Task
+from mappa.tasks.batches import TaskBatches
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
 STEPS = 4

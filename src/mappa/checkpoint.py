@@ -7,7 +7,8 @@ A checkpoint is everything the loop needs to continue as if it had never stopped
   coach's run of all-fallback steps (``coach.FallbackGuard``);
 - the RNG states (Python ``random``, torch CPU and CUDA; in a Ray run also the engine
   actors' torch states, ``TrainState.samplers``) and the task order's position
-  (``TaskBatches``: its ``random.Random`` state and the tasks still pending this epoch);
+  (``tasks.batches.TaskBatches``: its ``random.Random`` state and the tasks still pending
+  this epoch);
 - the step (steps done) and the byte size of each JSONL record file at that moment.
 
 No scheduler state: the lr is a pure function of the step (``mappa.rl.schedule``), set
@@ -23,7 +24,7 @@ beside the adapters in ``adapters/step.json``.
 Resume restores the newest checkpoint, cuts every record file back to its recorded size
 (records of the lost steps and a torn last line go), and removes the lost steps'
 workspaces. It refuses a config that differs from the run's ``config.yaml`` in anything
-but ``RESUMABLE_KEYS``, naming the keys.
+but ``config.RESUMABLE_KEYS``, naming the keys.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,81 +43,15 @@ from typing import Any, Protocol
 import torch
 import yaml
 
-from mappa.coach import FallbackGuard
-from mappa.config import RunConfig
+from mappa.config import RESUMABLE_KEYS, RunConfig
 from mappa.jsonl import truncate_jsonl
 from mappa.models.interface import AdapterSource
-from mappa.rl.kl import KLController
-from mappa.rl.update import NonFiniteGuard
-from mappa.tasks import Task
+from mappa.rng import as_tuples, set_torch_rng_state, torch_rng_state
 
 log = logging.getLogger(__name__)
 
 RECORD_FILES = ("episodes.jsonl", "metrics.jsonl", "heldout_episodes.jsonl")
 CHECKPOINTS = "checkpoints"
-RESUMABLE_KEYS = frozenset(
-    {
-        "train.steps",
-        "train.save_every",
-        "run_dir",
-        "coach.max_fallback_steps",
-        "train.tensorboard",
-        "rollout.vllm.sleep_during_update",
-        "cluster.address",
-        "cluster.start_timeout_s",
-        *(
-            f"coach.http.{key}"
-            for key in (
-                "base_url",
-                "api_key_env",
-                "timeout_s",
-                "max_retries",
-                "retry_after_cap_s",
-                "concurrency",
-            )
-        ),
-    }
-)
-"""Config keys a resumed run may change: ``train.steps`` extends or shortens it; the rest say
-where the coach server is and how hard to try, so a run stopped by a moved or overloaded
-server can continue, whether TensorBoard is written, whether vLLM sleeps through the
-update, and where the Ray cluster is and how long to wait for it (a restarted cluster has a
-new address); nothing that changes what is computed (the coach's model, its prompt, sampling) may
-differ."""
-
-
-class TaskBatches:
-    """Endless batches: ``per_step`` distinct tasks (reshuffled each epoch), each repeated
-    ``samples`` times. Its position is restorable (``state_dict`` / ``load_state_dict``)."""
-
-    def __init__(self, tasks: Sequence[Task], per_step: int, samples: int, seed: int) -> None:
-        self.tasks, self.per_step, self.samples = list(tasks), per_step, samples
-        self.rng = random.Random(seed)
-        self.order: list[int] = []  # indices into ``tasks`` still pending this epoch
-
-    def __iter__(self) -> Iterator[list[Task]]:
-        return self
-
-    def __next__(self) -> list[Task]:
-        batch: list[Task] = []
-        while len(batch) < self.per_step:
-            if not self.order:
-                self.order = list(range(len(self.tasks)))
-                self.rng.shuffle(self.order)  # the permutation depends only on the length
-            batch.append(self.tasks[self.order.pop()])
-        return [t for t in batch for _ in range(self.samples)]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"rng": self.rng.getstate(), "order": list(self.order)}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.rng.setstate(_tuples(state["rng"]))
-        self.order = [int(i) for i in state["order"]]
-
-
-def _tuples(x: Any) -> Any:
-    """``random.setstate`` wants tuples; a round trip through a checkpoint may give lists."""
-    return tuple(_tuples(v) for v in x) if isinstance(x, list | tuple) else x
 
 
 class AdapterStore(AdapterSource, Protocol):
@@ -128,29 +63,36 @@ class AdapterStore(AdapterSource, Protocol):
 
 class Stateful(Protocol):
     """State that round-trips through a checkpoint: an optimizer (in this process or on a
-    trainer actor), or the random state of engine actors."""
+    trainer actor), the task order, or the random state of engine actors."""
 
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
-def torch_rng_state() -> dict[str, Any]:
-    """This process's torch RNG states: CPU, and every GPU's where there are any."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-    return {"torch": torch.get_rng_state(), "cuda": cuda}
+class KLState(Protocol):
+    """The KL controller's state (``rl.kl.KLController``): its current beta."""
+
+    beta: float
 
 
-def set_torch_rng_state(state: Mapping[str, Any]) -> None:
-    """Put back what ``torch_rng_state`` returned (GPU states only where there are GPUs)."""
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+class CountGuard(Protocol):
+    """A guard that counts events per key (``rl.update.NonFiniteGuard``: non-finite steps
+    per agent)."""
+
+    counts: dict[str, int]
+
+
+class StreakGuard(Protocol):
+    """A guard that counts a run of steps (``coach.FallbackGuard``: all-fallback steps)."""
+
+    streak: int
 
 
 @dataclass
 class TrainState:
-    """The live objects a checkpoint saves and restores.
+    """The live objects a checkpoint saves and restores. Typed by what is saved of them,
+    so this module depends on no package's loop machinery.
 
     ``samplers``: the random state of a sampler outside this process (Ray engine actors);
     ``None`` when the rollout samples here, from torch's RNG, which is always saved.
@@ -158,10 +100,10 @@ class TrainState:
 
     policies: AdapterStore
     optimizers: Mapping[str, Stateful]
-    kl_ctl: KLController
-    batches: TaskBatches
-    guard: NonFiniteGuard
-    coach_guard: FallbackGuard
+    kl_ctl: KLState
+    batches: Stateful
+    guard: CountGuard
+    coach_guard: StreakGuard
     samplers: Stateful | None = None
 
 
@@ -363,7 +305,7 @@ def restore(run_dir: Path, state: TrainState) -> int:
         for ws in phase.glob("step*"):
             if ws.name[4:].isdigit() and int(ws.name[4:]) >= step:
                 shutil.rmtree(ws, ignore_errors=True)
-    random.setstate(_tuples(saved["python_rng"]))
+    random.setstate(as_tuples(saved["python_rng"]))
     set_torch_rng_state({"torch": saved["torch_rng"], "cuda": saved["cuda_rng"]})
     if state.samplers is not None and saved.get("sampler_rng") is not None:
         state.samplers.load_state_dict(saved["sampler_rng"])

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from mappa.config import ConfigError, RunConfig, load_config
+from mappa.config import RESUMABLE_KEYS, ConfigError, RunConfig, load_config
 
 if TYPE_CHECKING:
     from mappa.coach.base import CoachBackend
@@ -163,8 +163,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="RUN_DIR",
         help="continue a run from its newest checkpoint (records after it are cut); the "
-        "config is the run's config.yaml; only train.steps, train.save_every and where the coach "
-        "server is (and how hard to try it) may differ",
+        "config is the run's config.yaml, and overrides may change only "
+        + ", ".join(sorted(RESUMABLE_KEYS)),
     )
     ev = sub.choices["eval"]
     ev.add_argument(

@@ -973,6 +973,38 @@ def with_preset(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     return apply_overrides(merged, overrides)
 
 
+RESUMABLE_KEYS = frozenset(
+    {
+        "train.steps",
+        "train.save_every",
+        "run_dir",
+        "coach.max_fallback_steps",
+        "train.tensorboard",
+        "rollout.vllm.sleep_during_update",
+        "cluster.address",
+        "cluster.start_timeout_s",
+        *(
+            f"coach.http.{key}"
+            for key in (
+                "base_url",
+                "api_key_env",
+                "timeout_s",
+                "max_retries",
+                "retry_after_cap_s",
+                "concurrency",
+            )
+        ),
+    }
+)
+"""Config keys a resumed run (``mappa train --resume``) may change: ``train.steps`` extends
+or shortens it; the rest say where the coach server is and how hard to try, so a run
+stopped by a moved or overloaded server can continue, whether TensorBoard is written,
+whether vLLM sleeps through the update, and where the Ray cluster is and how long to wait
+for it (a restarted cluster has a new address); nothing that changes what is computed (the
+coach's model, its prompt, sampling) may differ. The one list: the checkpoint's check and
+the CLI's help read it from here."""
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read, override and validate a run config. Raises ConfigError naming file and key."""
     path = Path(path)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from statistics import mean
@@ -26,7 +26,7 @@ import yaml
 from tqdm import tqdm
 
 from mappa import checkpoint, factory
-from mappa.checkpoint import TaskBatches, TrainState
+from mappa.checkpoint import TrainState
 from mappa.cluster.errors import WorkerLost
 from mappa.coach import CoachFatalError, CoachView, FallbackGuard, score_episodes
 from mappa.coach.stats import NoSignalWatch, accounting, bias, coach_health, health_metrics
@@ -37,7 +37,7 @@ from mappa.report.live import ScalarLog
 from mappa.report.metrics import agent_metrics
 from mappa.rl.kl import KLController
 from mappa.rl.update import NonFiniteError, NonFiniteGuard
-from mappa.tasks import Task
+from mappa.tasks.batches import TaskBatches
 from mappa.workflow.interface import RolloutInput
 from mappa.workflow.records import Episode, append_episodes
 
@@ -54,14 +54,6 @@ def resolve_run_dir(run_dir: Path) -> Path:
         raise FileExistsError(f"{path} already holds a run; choose another run_dir")
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def task_batches(
-    tasks: Sequence[Task], per_step: int, samples: int, seed: int
-) -> Iterator[list[Task]]:
-    """Endless batches: ``per_step`` distinct tasks (reshuffled each epoch), each repeated
-    (``mappa.checkpoint.TaskBatches``, whose position a checkpoint saves)."""
-    return TaskBatches(tasks, per_step, samples, seed)
 
 
 def step_metrics(step: int, episodes: Sequence[Episode], cfg: RunConfig) -> dict[str, Any]:
