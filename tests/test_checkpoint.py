@@ -20,8 +20,6 @@ from conftest import tiny_run_config
 from mappa.checkpoint import config_differences, latest_checkpoint
 from mappa.cli import main
 from mappa.jsonl import read_jsonl
-from mappa.tasks import Task
-from mappa.tasks.batches import TaskBatches
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
 STEPS = 4
@@ -183,15 +181,3 @@ def test_a_run_saved_before_a_key_existed_resumes_under_its_default(
     assert config_differences(saved, other) == ["coach.local.engine"]
     quiet = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.tensorboard=false")
     assert config_differences(saved, quiet) == []  # resumable: computes nothing
-
-
-def test_task_batches_resume_their_order() -> None:
-    tasks = [Task(task_id=str(i), prompt=f"p{i}", answer=str(i)) for i in range(5)]
-    whole = TaskBatches(tasks, 2, 2, seed=7)
-    first = [next(whole) for _ in range(7)]
-    part = TaskBatches(tasks, 2, 2, seed=7)
-    _ = [next(part) for _ in range(3)]
-    state = json.loads(json.dumps(part.state_dict()))  # lists, as after a round trip
-    resumed = TaskBatches(tasks, 2, 2, seed=7)
-    resumed.load_state_dict(state)
-    assert [next(resumed) for _ in range(4)] == first[3:]
