@@ -11,7 +11,7 @@
 #   make experiment  + the Qwen models, the llama.cpp coach server and matplotlib; then the
 #               CPU comparison of process vs outcome rewards (~90 minutes; docs/results.md)
 #   make lint   ruff (lint and format), mypy and the import-layer contracts, as CI runs them
-#   make docs   regenerate docs/config.md from the field descriptions in config.py
+#   make docs   regenerate docs/config.md from the field descriptions in config/schema.py
 #   make bench  the speed and memory table (benchmarks/run.py; run it alone, ~30 minutes)
 #   make gpu-check  the GPU readiness check (docs/scaling.md); on a CPU, its tiny version
 PYTHON ?= python3

@@ -189,7 +189,7 @@ def build_model(directory: Path, arch: dict[str, Any], device: str, dtype: str) 
 
 def _step_tokens(run_dir: Path) -> dict[int, int]:
     """Per step, the prompt and completion tokens of every action (what the update trains)."""
-    from mappa.workflow.records import read_episodes
+    from mappa.records import read_episodes
 
     out: dict[int, int] = defaultdict(int)
     for ep in read_episodes(run_dir / "episodes.jsonl"):

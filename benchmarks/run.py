@@ -198,11 +198,11 @@ def measure_update(quick: bool) -> dict[str, Any]:
     import torch
 
     from mappa import factory
+    from mappa.records import Action, Episode, Score
     from mappa.rl.kl import KLController
     from mappa.rl.update import update_agents
     from mappa.train import recomputes_old_logprobs
     from mappa.workflow.chat import ChatFormat
-    from mappa.workflow.records import Action, Episode, Score
 
     spec = _update_spec(quick)
     cfg = _demo_config("rl.mask_truncated=false")  # TRL trains truncated completions too

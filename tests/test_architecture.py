@@ -38,7 +38,7 @@ def test_the_package_keeps_its_layers() -> None:
 @pytest.mark.parametrize(
     ("module", "upward"),
     [
-        ("config.py", "mappa.cli"),  # the leaf config reaching the top
+        ("config/schema.py", "mappa.cli"),  # the leaf config reaching the top
         ("rl/core.py", "mappa.report"),  # pure math reaching the viewer
         ("coach/base.py", "mappa.rl.core"),  # a sibling: coach and rl are independent
     ],

@@ -13,11 +13,11 @@ from conftest import tiny_run_config
 from mappa.cli import main
 from mappa.config import RunConfig
 from mappa.jsonl import read_jsonl
+from mappa.records import Action, Episode, ToolStatus, read_episodes
 from mappa.report.metrics import accuracy, agent_metrics
 from mappa.sandbox import ExecutionResult, Status
 from mappa.sandbox.limits import LimitName
 from mappa.train import train
-from mappa.workflow.records import Action, Episode, ToolStatus, read_episodes
 from mappa.workflow.runner import tool_status
 
 AGENTS = ("problem_solver", "code_executor", "verifier")

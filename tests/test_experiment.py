@@ -383,7 +383,7 @@ def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
     from mappa.cli import main
     from mappa.config import load_config
     from mappa.jsonl import read_jsonl
-    from mappa.workflow.records import read_episodes
+    from mappa.records import read_episodes
 
     base = tiny_run_config(tiny_model_dir, tmp_path / "unused")
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(base.model_dump(mode="json")))

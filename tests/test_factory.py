@@ -12,8 +12,8 @@ from mappa import factory
 from mappa.cli import default_config
 from mappa.config import load_config
 from mappa.jsonl import read_jsonl
+from mappa.records import read_episodes
 from mappa.rl.schedule import set_step_lr
-from mappa.workflow.records import read_episodes
 
 
 def test_a_full_finetuning_lr_warns_for_lora() -> None:

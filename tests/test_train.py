@@ -16,8 +16,8 @@ from mappa.config import RLConfig
 from mappa.factory import load_policies
 from mappa.jsonl import read_jsonl
 from mappa.models.loading import load_base
+from mappa.records import read_episodes
 from mappa.train import recomputes_old_logprobs, train
-from mappa.workflow.records import read_episodes
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from mappa.coach.base import CoachBackend
     from mappa.coach.context import CoachContext
     from mappa.coach.servers import LocalServer
-    from mappa.workflow.records import Score
+    from mappa.records import Score
 
 
 def default_config() -> Path:
@@ -419,7 +419,7 @@ def _check_plan(
             source = str(args.cases)
         contexts = check.case_contexts(cases, roles, final, view, grade)
         return source, contexts, lambda scores, s: check.check_report(scores, cases, s)
-    from mappa.workflow.records import read_episodes
+    from mappa.records import read_episodes
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit {args.limit}: give at least 1")

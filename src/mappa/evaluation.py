@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from mappa.config import RunConfig
+from mappa.records import Episode, append_episodes
 from mappa.report.metrics import accuracy, agent_metrics
 from mappa.tasks import Task, load_tasks
 from mappa.tasks.arithmetic import generate
 from mappa.tasks.splits import check_disjoint
 from mappa.workflow.interface import Rollout, RolloutInput
-from mappa.workflow.records import Episode, append_episodes
 
 log = logging.getLogger(__name__)
 

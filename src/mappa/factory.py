@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from mappa.coach import CoachBackend
     from mappa.models.interface import RolloutEngine, SamplingPolicy
     from mappa.models.policies import AgentPolicies
+    from mappa.records import Episode
     from mappa.rl.kl import KLController
     from mappa.workflow.chat import ChatFormat
-    from mappa.workflow.records import Episode
     from mappa.workflow.runner import PipelineRunner
 
 

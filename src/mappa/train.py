@@ -33,13 +33,13 @@ from mappa.coach.stats import NoSignalWatch, accounting, bias, coach_health, hea
 from mappa.config import RLConfig, RunConfig
 from mappa.evaluation import TrainingEvaluator, training_tasks
 from mappa.jsonl import append_jsonl, read_jsonl
+from mappa.records import Episode, append_episodes
 from mappa.report.live import ScalarLog
 from mappa.report.metrics import agent_metrics
 from mappa.rl.kl import KLController
 from mappa.rl.update import NonFiniteError, NonFiniteGuard
 from mappa.tasks.batches import TaskBatches
 from mappa.workflow.interface import RolloutInput
-from mappa.workflow.records import Episode, append_episodes
 
 if TYPE_CHECKING:
     from mappa.models.policies import AgentPolicies

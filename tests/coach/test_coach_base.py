@@ -9,7 +9,7 @@ from mappa.cli import default_config
 from mappa.coach import CoachView, build_context
 from mappa.coach.templates import load_template, render_messages
 from mappa.config import ConfigError, load_config
-from mappa.workflow.records import Action, Episode
+from mappa.records import Action, Episode
 
 ROLES = {"solver": "Solves.", "verifier": "Checks."}
 

@@ -14,7 +14,7 @@ from mappa.coach.stats import accounting, bias, point_biserial
 from mappa.coach.templates import SHIPPED, TemplateError, load_template, render_messages
 from mappa.config import load_config
 from mappa.factory import check
-from mappa.workflow.records import Action, Episode, Score
+from mappa.records import Action, Episode, Score
 
 
 class FakeCountingCoach:

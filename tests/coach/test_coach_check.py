@@ -29,7 +29,7 @@ from mappa.coach.check import (
 )
 from mappa.coach.context import CoachContext
 from mappa.config import RunConfig, load_config
-from mappa.workflow.records import Action, Episode, Score, append_episodes
+from mappa.records import Action, Episode, Score, append_episodes
 
 AGENTS = ["problem_solver", "code_executor", "verifier"]
 

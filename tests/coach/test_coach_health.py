@@ -13,8 +13,8 @@ from mappa.coach.stats import (
     coach_health,
     health_metrics,
 )
+from mappa.records import Action, Episode, Score
 from mappa.train import _health_txt
-from mappa.workflow.records import Action, Episode, Score
 
 
 def scores(*values: float) -> list[Score]:

@@ -26,7 +26,7 @@ from mappa.coach.context import CoachContext
 from mappa.coach.http import HttpCoach, request_fingerprint
 from mappa.coach.templates import load_template
 from mappa.config import HttpCoachConfig
-from mappa.workflow.records import Score
+from mappa.records import Score
 
 Reply = tuple[int, str, dict[str, str]]
 """status, text, headers. The text is the coach's reply, or one of: ``HANG`` (say nothing

@@ -11,7 +11,7 @@ import pytest
 from mappa.cli import main
 from mappa.jsonl import read_jsonl
 from mappa.models.loading import convert_gguf
-from mappa.workflow.records import read_episodes
+from mappa.records import read_episodes
 
 pytestmark = pytest.mark.integration
 

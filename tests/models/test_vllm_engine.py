@@ -179,8 +179,8 @@ def test_vllm_engine_trains_two_steps_and_serves_each_update(
     update)."""
     from mappa.jsonl import read_jsonl
     from mappa.models import vllm_engine
+    from mappa.records import read_episodes
     from mappa.train import train
-    from mappa.workflow.records import read_episodes
 
     sampled: list[tuple[list[int], list[int], list[float]]] = []
     calls: list[str] = []  # release and sync, in order

@@ -12,9 +12,9 @@ import torch
 from mappa.config import LoraConfig, RLConfig
 from mappa.models.loading import load_base
 from mappa.models.policies import AgentPolicies
+from mappa.records import Action, Episode, Score
 from mappa.rl.kl import KLController
 from mappa.rl.update import update_agents
-from mappa.workflow.records import Action, Episode, Score
 
 AGENTS = ["solver", "executor", "verifier"]
 QUESTIONS = [

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mappa.config import RLConfig
+from mappa.records import Action, Episode, Score
 from mappa.rl import (
     get_estimator,
     kl_estimate,
@@ -44,7 +45,6 @@ from mappa.rl.kl import (
 from mappa.rl.loss import LossConfig
 from mappa.rl.rewards import mix_reward
 from mappa.rl.update import UpdateStats, update_agents
-from mappa.workflow.records import Action, Episode, Score
 
 REWARDS = torch.tensor([0.8, 0.3])
 KL = torch.tensor([[0.1, -0.2, 0.3], [0.5, 0.0, 9.9]])  # 9.9 sits on padding

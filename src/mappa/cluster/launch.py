@@ -35,8 +35,8 @@ from mappa.cluster.remote import (
 from mappa.cluster.update import remote_update
 from mappa.cluster.worker import CoachWorker, PolicyWorker
 from mappa.config import ActorResources, ClusterConfig, RunConfig
+from mappa.records import Episode
 from mappa.rl.kl import KLController
-from mappa.workflow.records import Episode
 
 log = logging.getLogger(__name__)
 

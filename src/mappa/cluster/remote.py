@@ -24,9 +24,9 @@ from mappa.cluster.errors import WorkerLost
 from mappa.coach.context import CoachContext
 from mappa.config import RLConfig
 from mappa.models.interface import AdapterSource, Sample, TokenLogprobs
+from mappa.records import Score
 from mappa.rl.experience import Experience
 from mappa.rl.update import UpdateStats
-from mappa.workflow.records import Score
 
 
 def wait(refs: Any, what: str) -> Any:

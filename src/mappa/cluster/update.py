@@ -14,10 +14,10 @@ from typing import Any
 
 from mappa.cluster.remote import RemotePolicies
 from mappa.config import RunConfig
+from mappa.records import Episode
 from mappa.rl.kl import KLController
 from mappa.rl.schedule import set_step_lr
 from mappa.rl.update import run_update
-from mappa.workflow.records import Episode
 
 
 def remote_update(

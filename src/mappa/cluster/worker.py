@@ -23,11 +23,11 @@ from mappa import factory
 from mappa.coach.context import CoachContext
 from mappa.config import RLConfig, RunConfig
 from mappa.models.interface import RolloutEngine, Sample, TokenLogprobs
+from mappa.records import Score
 from mappa.rl.experience import Experience
 from mappa.rl.schedule import set_step_lr
 from mappa.rl.update import UpdateStats, policy_step
 from mappa.rng import set_torch_rng_state, torch_rng_state
-from mappa.workflow.records import Score
 
 
 def state_digest(state: dict[str, torch.Tensor]) -> str:

@@ -9,8 +9,8 @@ from typing import Literal, Protocol
 
 from mappa.coach.context import CoachContext
 from mappa.config import RunConfig
-from mappa.sandbox.execute import cut_middle
-from mappa.workflow.records import Action, Episode, Score
+from mappa.records import Action, Episode, Score
+from mappa.text import cut_middle
 
 ReferenceFor = Literal["none", "final", "all"]
 """Whose actions the coach judges with the reference in view (``CoachConfig.reference_scope``)."""
@@ -34,7 +34,7 @@ class FallbackGuard:
     unparseable, out of range) it raises ``CoachFallbackError``. A step with one real score
     resets the count; a step with no scores leaves it as it is. ``k = 0`` never raises.
 
-    >>> from mappa.workflow.records import Score
+    >>> from mappa.records import Score
     >>> guard = FallbackGuard(2)
     >>> guard.observe([Score(5.0, flagged=True, flag_reason="unavailable")])
     >>> guard.observe([Score(7.0)])  # a real score: the count starts again

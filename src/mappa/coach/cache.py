@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mappa.coach.base import CoachBackend
 from mappa.coach.context import CoachContext
-from mappa.workflow.records import Score
+from mappa.records import Score
 
 log = logging.getLogger(__name__)
 

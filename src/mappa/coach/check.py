@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from mappa.coach.base import CoachBackend, CoachView, build_context
 from mappa.coach.context import CoachContext
-from mappa.workflow.records import Action, Episode, Score
+from mappa.records import Action, Episode, Score
 
 TIE_EPS = 1e-9
 """Two scores closer than this are a tie."""

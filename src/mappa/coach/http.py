@@ -44,7 +44,7 @@ from mappa.coach.parse import (
 )
 from mappa.coach.templates import CoachTemplate, corrective_message, render_messages
 from mappa.config import HttpCoachConfig
-from mappa.workflow.records import Score
+from mappa.records import Score
 
 log = logging.getLogger(__name__)
 

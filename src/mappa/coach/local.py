@@ -17,7 +17,7 @@ from typing import Protocol
 
 from mappa.coach.context import CoachContext
 from mappa.coach.templates import CoachTemplate, render_messages
-from mappa.workflow.records import Score
+from mappa.records import Score
 
 SCORE_PREFIX = "Analysis omitted.\nPROCESS_SCORE:"
 LOW_MASS = 0.5

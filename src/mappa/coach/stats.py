@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from statistics import mean, pstdev
 from typing import Any
 
-from mappa.workflow.records import Episode, Score
+from mappa.records import Episode, Score
 
 log = logging.getLogger(__name__)
 

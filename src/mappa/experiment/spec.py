@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from mappa.config import ConfigError, RunConfig, load_config
+from mappa.config.schema import Strict
 
 if TYPE_CHECKING:
     from mappa.coach.servers import LocalServer
@@ -34,11 +35,7 @@ class ExperimentError(ValueError):
     """An experiment that cannot run (bad file, unfair arms) or a run of it that failed."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class CoachServerSpec(_Strict):
+class CoachServerSpec(Strict):
     """A local OpenAI-compatible coach server the experiment starts once for the arms that
     ask a coach (``mappa.coach.servers``; the same options as ``mappa coach-serve``)."""
 
@@ -63,7 +60,7 @@ class CoachServerSpec(_Strict):
         )
 
 
-class ExperimentConfig(_Strict):
+class ExperimentConfig(Strict):
     """The experiment file: a base run config, overrides common to all arms, seeds, arms."""
 
     base: str = Field(

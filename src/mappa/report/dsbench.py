@@ -15,7 +15,7 @@ from statistics import mean
 from typing import Any
 
 from mappa.config import AgentConfig
-from mappa.workflow.records import Episode
+from mappa.records import Episode
 
 
 def culprit(episode: Episode, agents: Sequence[AgentConfig]) -> str | None:

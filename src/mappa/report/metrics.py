@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from statistics import mean
 
 from mappa.config import AgentConfig, AnswerFormat
+from mappa.records import Episode
 from mappa.tasks.math import extract_answer
-from mappa.workflow.records import Episode
 
 
 def rate(values: Sequence[float]) -> float | None:

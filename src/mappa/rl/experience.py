@@ -34,11 +34,11 @@ import torch
 from mappa.config import RLConfig
 from mappa.models.batching import token_batches
 from mappa.models.interface import TokenLogprobs, TrainablePolicy
+from mappa.records import Action, Episode
 from mappa.rl.advantages import Estimate, EstimatorConfig, Groups, get_estimator
 from mappa.rl.core import masked_mean, token_rewards
 from mappa.rl.kl import LOG_RATIO_CLAMP, kl_estimate
 from mappa.rl.rewards import mix_reward
-from mappa.workflow.records import Action, Episode
 
 GROUP_ESTIMATORS = ("grpo", "rloo")
 """Estimators whose baseline compares samples of the same task."""

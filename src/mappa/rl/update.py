@@ -28,6 +28,7 @@ import torch
 from mappa.config import RLConfig
 from mappa.models.interface import TrainablePolicy
 from mappa.models.memory import trim_heap
+from mappa.records import Episode
 from mappa.rl.experience import (
     Experience,
     action_logprobs,
@@ -39,7 +40,6 @@ from mappa.rl.experience import (
 )
 from mappa.rl.kl import KLController
 from mappa.rl.loss import LossConfig, policy_loss
-from mappa.workflow.records import Episode
 
 NON_FINITE = "non-finite loss/grad"
 """``rl/<agent>/skipped`` of a step whose loss or gradient norm was NaN or inf."""

@@ -22,7 +22,7 @@ from mappa.sandbox.blocks import extract_code_blocks
 from mappa.sandbox.execute import default_backend, execute
 from mappa.sandbox.limits import Limits
 from mappa.sandbox.pool import Job, Mode, SandboxPool
-from mappa.sandbox.result import ExecutionResult, Status, cut_middle
+from mappa.sandbox.result import ExecutionResult, Status
 from mappa.sandbox.workspace import Author, FileRecord, Workspace
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
     "Status",
     "Workspace",
     "bwrap_problem",
-    "cut_middle",
     "default_backend",
     "execute",
     "extract_code_blocks",

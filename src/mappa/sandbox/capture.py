@@ -14,7 +14,7 @@ import selectors
 import time
 from typing import Literal
 
-from mappa.sandbox.result import CUT_MARKER, cut_middle
+from mappa.text import CUT_MARKER, cut_middle
 
 End = Literal["eof", "exited", "deadline", "output_limit", "reply"]
 """Why reading stopped: all streams closed; the process exited but its pipes stayed open

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from mappa.sandbox.backends import Backend, make_backend
 from mappa.sandbox.limits import Limits
-from mappa.sandbox.result import ExecutionResult, cut_middle
+from mappa.sandbox.result import ExecutionResult
 
-__all__ = ["cut_middle", "default_backend", "execute"]  # cut_middle: imported from here by coach
+__all__ = ["default_backend", "execute"]
 
 
 @functools.cache

@@ -16,22 +16,6 @@ error such as MemoryError). ``timeout``: wall time ran out. ``killed``: ended by
 (segfault, CPU limit) or stopped for flooding output."""
 
 
-CUT_MARKER = "\n...[{n} chars cut]...\n"
-
-
-def cut_middle(text: str, limit: int, marker: str = CUT_MARKER) -> str:
-    """Keep the head and tail of ``text`` within ``limit`` chars, marking what was cut.
-
-    Both ends matter to an agent: the head shows what the code did first, the tail holds
-    the traceback or the final answer.
-    """
-    if len(text) <= limit:
-        return text
-    head = limit // 2
-    tail = limit - head
-    return text[:head] + marker.format(n=len(text) - limit) + text[-tail:]
-
-
 @dataclass
 class ExecutionResult:
     """The outcome of one code block; ``message`` names the limit when one was hit."""

@@ -1,5 +1,1 @@
-"""Agents, prompt rendering and the pipeline runner; Episode/Action records."""
-
-from mappa.workflow.records import Action, Episode, Score
-
-__all__ = ["Action", "Episode", "Score"]
+"""Agents, prompt rendering and the pipeline runner (the records they write: mappa.records)."""

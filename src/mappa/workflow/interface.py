@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from mappa.records import Episode
 from mappa.tasks import Task
-from mappa.workflow.records import Episode
 
 Phase = Literal["train", "eval"]
 """``train``: sample from the training distribution (records feed the update).

@@ -20,19 +20,19 @@ from tqdm import tqdm
 
 from mappa.config import AgentConfig, AnswerFormat, WorkflowConfig
 from mappa.models.interface import SamplingPolicy
+from mappa.records import Action, Episode, ToolStatus
 from mappa.sandbox import (
     ExecutionResult,
     Job,
     SandboxPool,
     Workspace,
-    cut_middle,
     extract_code_blocks,
 )
 from mappa.tasks import Task
+from mappa.text import cut_middle
 from mappa.workflow.chat import ChatFormat, plain_transcript
 from mappa.workflow.interface import Phase, RolloutInput, RolloutOutput, SamplingParams
 from mappa.workflow.outcome import judge
-from mappa.workflow.records import Action, Episode, ToolStatus
 
 
 @dataclass

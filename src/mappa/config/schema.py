@@ -1,22 +1,17 @@
-"""Validated run configuration: one YAML file, checked completely before any model loads.
+"""The run config's schema: every option, its type, default and meaning, checked completely
+before any model loads.
 
-Every option is documented where it is declared. Unknown keys and wrong types are errors
-(``extra="forbid"``) so a typo never silently falls back to a default; the error names the
-file and the dotted key. ``key=value`` overrides from the command line are applied to the
-raw YAML before validation, so they are checked the same way.
+Unknown keys and wrong types are errors (``extra="forbid"``) so a typo never silently falls
+back to a default.
 """
 
 from __future__ import annotations
 
-import copy
 import string
-import types
-import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 AnswerFormat = Literal["boxed", "answer_line"]
 """How the final agent states its answer: its last ``\\boxed{}``, or its last ``Answer:`` line."""
@@ -26,11 +21,13 @@ class ConfigError(ValueError):
     """A run configuration that cannot be used; the message names the file and the key."""
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """A config section: an unknown key or a wrong type is an error, never ignored."""
+
     model_config = ConfigDict(extra="forbid", frozen=False, protected_namespaces=())
 
 
-class LoraConfig(_Strict):
+class LoraConfig(Strict):
     """One LoRA adapter per agent on a shared frozen base (docs/architecture.md)."""
 
     r: int = Field(8, ge=1, description="LoRA rank.")
@@ -42,7 +39,7 @@ class LoraConfig(_Strict):
     )
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     """The base model shared by all agents (and by the local coach unless it names its own)."""
 
     path: str = Field(
@@ -66,7 +63,7 @@ class ModelConfig(_Strict):
     )
 
 
-class VllmConfig(_Strict):
+class VllmConfig(Strict):
     """The in-process vLLM engine (``rollout.engine: vllm``; ``make install-vllm``; see
     docs/engines.md)."""
 
@@ -103,7 +100,7 @@ class VllmConfig(_Strict):
     )
 
 
-class RolloutConfig(_Strict):
+class RolloutConfig(Strict):
     """How agents sample. Only temperature is exposed: the trainer must be able to compute
     exactly the distribution that was sampled from (top-p/top-k would change it)."""
 
@@ -145,7 +142,7 @@ def reserved_name_problem(name: str) -> str | None:
     )
 
 
-class AgentConfig(_Strict):
+class AgentConfig(Strict):
     """One agent of the pipeline: its own role, view of the episode and LoRA weights."""
 
     name: str = Field(..., pattern=r"^[a-z][a-z0-9_]*$", description="Identifier, snake_case.")
@@ -178,7 +175,7 @@ class AgentConfig(_Strict):
         return name
 
 
-class WorkflowConfig(_Strict):
+class WorkflowConfig(Strict):
     """The pipeline around the agents: which preset it starts from and how tool output is
     returned to an agent."""
 
@@ -207,7 +204,7 @@ class WorkflowConfig(_Strict):
     )
 
 
-class TaskConfig(_Strict):
+class TaskConfig(Strict):
     """Where training and held-out tasks come from, and how answers are graded.
 
     Correctness is always decided by the deterministic grader (`mappa.tasks.math`), never
@@ -246,7 +243,7 @@ class TaskConfig(_Strict):
     )
 
 
-class EvalConfig(_Strict):
+class EvalConfig(Strict):
     """The evaluation protocol: which held-out tasks, how often, how many samples.
 
     Used by `mappa eval` and by the training loop every `every` steps. Correctness is always
@@ -284,7 +281,7 @@ class EvalConfig(_Strict):
         return self
 
 
-class HttpCoachConfig(_Strict):
+class HttpCoachConfig(Strict):
     """An OpenAI-compatible chat-completions server (vLLM, llama.cpp, Ollama, Gemini...)."""
 
     base_url: str = Field("http://127.0.0.1:8080/v1", description="Up to and including /v1.")
@@ -317,7 +314,7 @@ class HttpCoachConfig(_Strict):
     )
 
 
-class LocalCoachConfig(_Strict):
+class LocalCoachConfig(Strict):
     """An in-process coach: one forward pass, expected score over the digits 0-10."""
 
     model_path: str | None = Field(
@@ -376,7 +373,7 @@ class LocalCoachConfig(_Strict):
     )
 
 
-class CoachCacheConfig(_Strict):
+class CoachCacheConfig(Strict):
     """A persistent cache of coach scores: reruns and resumes never pay twice."""
 
     mode: Literal["off", "readwrite", "replay"] = Field(
@@ -392,14 +389,14 @@ class CoachCacheConfig(_Strict):
         return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
 
 
-class CoachPrices(_Strict):
+class CoachPrices(Strict):
     """USD per million tokens, for the cost estimate in metrics."""
 
     prompt: float = Field(0.0, ge=0.0, description="USD per million prompt tokens.")
     completion: float = Field(0.0, ge=0.0, description="USD per million completion tokens.")
 
 
-class CoachConfig(_Strict):
+class CoachConfig(Strict):
     """Who scores every action 0-10 (docs/design.md §1)."""
 
     backend: Literal["local", "http"] = Field(
@@ -465,7 +462,7 @@ class CoachConfig(_Strict):
         return self.reference_for if self.show_ground_truth else "none"
 
 
-class RLConfig(_Strict):
+class RLConfig(Strict):
     """REINFORCE++ as used by MAPPA (docs/design.md §1, docs/algorithm.md); defaults are the
     paper's."""
 
@@ -597,7 +594,7 @@ class RLConfig(_Strict):
         return self
 
 
-class SandboxConfig(_Strict):
+class SandboxConfig(Strict):
     """Where and under which limits agents' code runs (docs: `mappa.sandbox`).
 
     All agents of an episode share one workspace directory; nothing else of the host is
@@ -658,7 +655,7 @@ class SandboxConfig(_Strict):
         return self
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     """The loop: rollout -> coach -> update, `steps` times."""
 
     steps: int = Field(2, ge=1, description="Rollout/update iterations.")
@@ -686,7 +683,7 @@ class TrainConfig(_Strict):
     )
 
 
-class ActorResources(_Strict):
+class ActorResources(Strict):
     """What each Ray actor of one role asks the scheduler for (docs/scaling.md)."""
 
     num_cpus: float = Field(
@@ -707,7 +704,7 @@ class ActorResources(_Strict):
     )
 
 
-class ClusterConfig(_Strict):
+class ClusterConfig(Strict):
     """Run the training loop on Ray (docs/scaling.md). Absent (null): one process, as always.
 
     The driver (the `mappa train` process) keeps the loop, the coach cache, the sandboxes and
@@ -787,7 +784,7 @@ class ClusterConfig(_Strict):
         return self
 
 
-class RunConfig(_Strict):
+class RunConfig(Strict):
     """A whole run. `mappa train --config F key=value ...` builds one of these."""
 
     run_dir: Path = Field(Path("runs/demo"), description="Outputs: episodes, metrics, adapters.")
@@ -867,112 +864,6 @@ def template_fields(template: str) -> set[str]:
         raise ValueError(f"malformed template {template[:60]!r}: {err}") from err
 
 
-def _list_key(node: list[Any], part: str, dotted: str) -> int:
-    """A list element by index, or by its ``name`` (``agents.verifier.max_actions``)."""
-    if part.isdigit() and int(part) < len(node):
-        return int(part)
-    for i, item in enumerate(node):
-        if isinstance(item, dict) and item.get("name") == part:
-            return i
-    raise ConfigError(f"override {dotted!r}: no list index or name {part!r}")
-
-
-def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set ``a.b.0.c`` in a nested dict/list tree, creating dicts where absent."""
-    parts = dotted.split(".")
-    node: Any = tree
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(node, list):
-            key: Any = _list_key(node, part, dotted)
-        else:
-            key = part
-        if not isinstance(node, dict | list):
-            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is not a section")
-        if last:
-            node[key] = value
-        else:
-            if isinstance(node, dict) and key not in node:
-                node[key] = {}
-            node = node[key]
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.path=value`` strings; values are parsed as YAML scalars (``1e-5``, ``true``)."""
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
-        key, text = item.split("=", 1)
-        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text else "")
-    return raw
-
-
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid configuration"]
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        lines.append(f"  {key}: {msg}")
-    return "\n".join(lines)
-
-
-PRESETS_DIR = Path(__file__).parent / "presets"
-"""Shipped pipeline presets: ``<name>.yaml`` holds agents, workflow and coach defaults."""
-
-
-def load_preset(name_or_path: str) -> dict[str, Any]:
-    """The raw mapping of a shipped preset (by name) or of a preset YAML file (by path)."""
-    path = PRESETS_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        path = Path(name_or_path)
-    if not path.is_file():
-        shipped = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-        raise ConfigError(f"workflow.preset {name_or_path!r}: no such preset {shipped} or file")
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a preset must be a mapping")
-    return data
-
-
-def _merge(base: Any, over: Any, where: str) -> Any:
-    """``over`` on top of ``base``: mappings merge key by key, anything else replaces.
-
-    ``agents`` given as a mapping updates the base's agents by name (an unknown name is an
-    error: a typo must not silently add nothing).
-    """
-    if where == "agents" and isinstance(over, dict) and isinstance(base, list):
-        by_name = {a.get("name"): a for a in base if isinstance(a, dict)}
-        unknown = sorted(set(over) - set(by_name))
-        if unknown:
-            raise ConfigError(f"agents: {unknown} not in the preset's agents {list(by_name)}")
-        return [_merge(a, over.get(a.get("name"), {}), "agent") for a in base]
-    if isinstance(base, dict) and isinstance(over, dict):
-        return {k: _merge(base[k], v, k) if k in base else v for k, v in over.items()} | {
-            k: v for k, v in base.items() if k not in over
-        }
-    return over
-
-
-def with_preset(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """The config's raw mapping on top of its workflow preset (if any), then the overrides.
-
-    The preset is looked up after the overrides are applied (so ``workflow.preset=dsbench``
-    on the command line works); the overrides are applied last so that they may address
-    the preset's agents by index or by name.
-    """
-    probe = apply_overrides(copy.deepcopy(raw), overrides)
-    workflow = probe.get("workflow", {})
-    if not isinstance(workflow, dict):
-        raise ConfigError("workflow: must be a mapping")
-    preset = workflow.get("preset", WorkflowConfig.model_fields["preset"].default)
-    if preset is not None and not isinstance(preset, str):
-        raise ConfigError(f"workflow.preset: must be a preset name or a file path, not {preset!r}")
-    merged = _merge(load_preset(preset), raw, "") if preset else raw
-    if preset:
-        merged.setdefault("workflow", {})["preset"] = preset
-    return apply_overrides(merged, overrides)
-
-
 RESUMABLE_KEYS = frozenset(
     {
         "train.steps",
@@ -1003,89 +894,3 @@ whether vLLM sleeps through the update, and where the Ray cluster is and how lon
 for it (a restarted cluster has a new address); nothing that changes what is computed (the
 coach's model, its prompt, sampling) may differ. The one list: the checkpoint's check and
 the CLI's help read it from here."""
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
-    """Read, override and validate a run config. Raises ConfigError naming file and key."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    try:
-        raw = with_preset(raw, overrides or [])
-    except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
-    try:
-        return RunConfig.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(_format_errors(err, str(path))) from None
-
-
-def _type_name(annotation: Any) -> str:
-    if typing.get_origin(annotation) is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(annotation))
-    if isinstance(annotation, type) and not typing.get_args(annotation):
-        return annotation.__name__
-    return (
-        str(annotation).replace("typing.", "").replace("pathlib.", "").replace("mappa.config.", "")
-    )
-
-
-def reference_markdown() -> str:
-    """``docs/config.md``: every key of a run config with its type, default and description,
-    generated from the fields above (``make docs`` writes it; a test fails when it is stale)."""
-    lines = [
-        "# Configuration reference",
-        "",
-        "<!-- Generated from src/mappa/config.py by `make docs`; do not edit by hand. -->",
-        "",
-        "A run is one YAML file (`mappa train --config F key.path=value ...`). Unknown keys "
-        "and wrong types are errors naming the file and the key. Sections below are the "
-        "top-level keys; nested sections are written `a.b`.",
-        "",
-    ]
-
-    def section(model: type[BaseModel], prefix: str) -> None:
-        doc = " ".join((model.__doc__ or "").split())
-        lines.extend([f"## `{prefix or 'top level'}`", "", doc, ""])
-        lines.extend(["| key | type | default | description |", "|---|---|---|---|"])
-        nested: list[tuple[type[BaseModel], str]] = []
-        for name, field in model.model_fields.items():
-            annotation = field.annotation
-            path = f"{prefix}.{name}" if prefix else name
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-                nested.append((annotation, path))
-                continue
-            if annotation == list[AgentConfig]:
-                nested.append((AgentConfig, f"{path}[]"))
-            if isinstance(annotation, types.UnionType):  # an optional section: a row, then its keys
-                nested.extend(
-                    (a, path)
-                    for a in typing.get_args(annotation)
-                    if isinstance(a, type) and issubclass(a, BaseModel)
-                )
-            if field.is_required():
-                default = "required"
-            elif field.default_factory is not None:
-                default = f"`{field.default_factory()!r}`"  # type: ignore[call-arg]  # no-arg factories only
-            else:
-                default = (
-                    f"`{field.default!r}`"
-                    if not isinstance(field.default, Path)
-                    else (f"`'{field.default}'`")
-                )
-            cells = [f"`{name}`", _type_name(annotation), default, field.description or ""]
-            lines.append(
-                "| " + " | ".join(" ".join(c.split()).replace("|", "\\|") for c in cells) + " |"
-            )
-        lines.append("")
-        for model_type, path in nested:
-            section(model_type, path)
-
-    section(RunConfig, "")
-    return "\n".join(lines)

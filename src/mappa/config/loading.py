@@ -1,0 +1,141 @@
+"""Reading a run config: a YAML file, its preset merged in, ``key=value`` overrides applied
+to the raw YAML before validation (so they are checked the same way); errors name the file
+and the dotted key."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from mappa.config.schema import ConfigError, RunConfig, WorkflowConfig
+
+
+def _list_key(node: list[Any], part: str, dotted: str) -> int:
+    """A list element by index, or by its ``name`` (``agents.verifier.max_actions``)."""
+    if part.isdigit() and int(part) < len(node):
+        return int(part)
+    for i, item in enumerate(node):
+        if isinstance(item, dict) and item.get("name") == part:
+            return i
+    raise ConfigError(f"override {dotted!r}: no list index or name {part!r}")
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.0.c`` in a nested dict/list tree, creating dicts where absent."""
+    parts = dotted.split(".")
+    node: Any = tree
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            key: Any = _list_key(node, part, dotted)
+        else:
+            key = part
+        if not isinstance(node, dict | list):
+            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is not a section")
+        if last:
+            node[key] = value
+        else:
+            if isinstance(node, dict) and key not in node:
+                node[key] = {}
+            node = node[key]
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` strings; values are parsed as YAML scalars (``1e-5``, ``true``)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, text = item.split("=", 1)
+        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text else "")
+    return raw
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+PRESETS_DIR = Path(__file__).parents[1] / "presets"
+"""Shipped pipeline presets: ``<name>.yaml`` holds agents, workflow and coach defaults."""
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    """The raw mapping of a shipped preset (by name) or of a preset YAML file (by path)."""
+    path = PRESETS_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        path = Path(name_or_path)
+    if not path.is_file():
+        shipped = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+        raise ConfigError(f"workflow.preset {name_or_path!r}: no such preset {shipped} or file")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a preset must be a mapping")
+    return data
+
+
+def _merge(base: Any, over: Any, where: str) -> Any:
+    """``over`` on top of ``base``: mappings merge key by key, anything else replaces.
+
+    ``agents`` given as a mapping updates the base's agents by name (an unknown name is an
+    error: a typo must not silently add nothing).
+    """
+    if where == "agents" and isinstance(over, dict) and isinstance(base, list):
+        by_name = {a.get("name"): a for a in base if isinstance(a, dict)}
+        unknown = sorted(set(over) - set(by_name))
+        if unknown:
+            raise ConfigError(f"agents: {unknown} not in the preset's agents {list(by_name)}")
+        return [_merge(a, over.get(a.get("name"), {}), "agent") for a in base]
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {k: _merge(base[k], v, k) if k in base else v for k, v in over.items()} | {
+            k: v for k, v in base.items() if k not in over
+        }
+    return over
+
+
+def with_preset(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """The config's raw mapping on top of its workflow preset (if any), then the overrides.
+
+    The preset is looked up after the overrides are applied (so ``workflow.preset=dsbench``
+    on the command line works); the overrides are applied last so that they may address
+    the preset's agents by index or by name.
+    """
+    probe = apply_overrides(copy.deepcopy(raw), overrides)
+    workflow = probe.get("workflow", {})
+    if not isinstance(workflow, dict):
+        raise ConfigError("workflow: must be a mapping")
+    preset = workflow.get("preset", WorkflowConfig.model_fields["preset"].default)
+    if preset is not None and not isinstance(preset, str):
+        raise ConfigError(f"workflow.preset: must be a preset name or a file path, not {preset!r}")
+    merged = _merge(load_preset(preset), raw, "") if preset else raw
+    if preset:
+        merged.setdefault("workflow", {})["preset"] = preset
+    return apply_overrides(merged, overrides)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read, override and validate a run config. Raises ConfigError naming file and key."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    try:
+        raw = with_preset(raw, overrides or [])
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, str(path))) from None
