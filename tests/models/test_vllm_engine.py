@@ -14,6 +14,7 @@ exp(log-prob)).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -370,9 +371,10 @@ def test_local_coach_on_the_engine_reads_the_hf_scorers_distribution(
         conversations = [render_messages(coach_template(cfg), c) for c in contexts]
         want = hf_coach.distribution(conversations, SCORE_PREFIX)
         dist = coach.distribution
-        assert len(dist.digit_ids[1]) == 2  # "1" and " 1": the guess can be wrong here
-        for guess in dist.digit_ids[1]:
-            dist.one_guess = guess
+        tokens = dist.tokens(SCORE_PREFIX)
+        assert len(tokens.scores[1]) == 2  # "1" and " 1": the guess can be wrong here
+        for guess in tokens.scores[1]:
+            dist._tokens[SCORE_PREFIX] = dataclasses.replace(tokens, one_guess=guess)
             got = dist(conversations, SCORE_PREFIX)
             for g, w in zip(got, want, strict=True):
                 assert len(g) == 11
