@@ -123,3 +123,12 @@ def backend(request: pytest.FixtureRequest):  # -> LocalBackend
             pytest.skip(f"bwrap backend unavailable here: {problem}")
         return BwrapBackend()
     return process_backend()
+
+
+def write_yaml(tmp_path: Path, text: str) -> Path:
+    """``text`` (dedented) as ``tmp_path/bad.yaml``: a config file a test feeds the loader."""
+    import textwrap
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path

@@ -1,0 +1,80 @@
+"""Reading a config: typed key=value overrides, presets merged in, a bad file refused
+without importing torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import write_yaml
+
+from mappa.cli import default_config
+from mappa.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_overrides_are_typed_and_validated() -> None:
+    cfg = load_config(default_config(), ["rl.lr=3e-5", "agents.1.max_actions=3", "seed=7"])
+    assert cfg.rl.lr == 3e-5 and cfg.agents[1].max_actions == 3 and cfg.seed == 7
+    with pytest.raises(ConfigError, match=r"rl\.nope: unknown key"):
+        load_config(default_config(), ["rl.nope=1"])
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(default_config(), ["rl.lr"])
+
+
+def test_cli_bad_config_exits_nonzero_without_loading_a_model(tmp_path: Path) -> None:
+    text = default_config().read_text()
+    path = write_yaml(
+        tmp_path, text.replace("  code_executor:\n", "  code_executor:\n    max_actionz: 2\n")
+    )
+    code = (
+        "import sys\n"
+        "from mappa.cli import main\n"
+        f"rc = main(['train', '--config', {str(path)!r}])\n"
+        "heavy = [m for m in ('torch', 'transformers', 'peft') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "agents.1.max_actionz: unknown key" in proc.stderr
+    assert str(path) in proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("/nonexistent/run.yaml")
+
+
+def test_preset_supplies_the_pipeline_and_a_config_overrides_only_what_differs(
+    tmp_path: Path,
+) -> None:
+    bare = load_config(write_yaml(tmp_path, "workflow: {preset: dsbench}\n"))
+    assert [a.name for a in bare.agents] == ["data_engineer", "modeler", "analyst"]
+    assert bare.coach.template == "dsbench" and bare.agents[0].produces
+    assert "Fix any error" in bare.workflow.tool_turn_template
+    paper = load_config(REPO / "configs" / "mathchat_paper.yaml")
+    assert load_config(write_yaml(tmp_path, "{}")).agents == paper.agents  # mathchat by default
+
+    changed = load_config(
+        write_yaml(tmp_path, "agents: {modeler: {max_actions: 4}}\nworkflow: {preset: dsbench}\n"),
+        ["agents.analyst.run_code=false", "coach.template=mathchat"],
+    )
+    assert [a.max_actions for a in changed.agents] == [2, 4, 2]
+    assert [a.run_code for a in changed.agents] == [True, True, False]
+    assert changed.agents[1].role == bare.agents[1].role and changed.coach.template == "mathchat"
+
+
+def test_preset_errors_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"\['modeller'\] not in the preset's agents"):
+        load_config(write_yaml(tmp_path, "workflow: {preset: dsbench}\nagents: {modeller: {}}\n"))
+    with pytest.raises(ConfigError, match=r"no such preset \['dsbench', 'mathchat'\]"):
+        load_config(write_yaml(tmp_path, "workflow: {preset: mathchatt}\n"))
+    with pytest.raises(ConfigError, match=r"agents: Field required"):
+        load_config(write_yaml(tmp_path, "workflow: {preset: null}\n"))
+    with pytest.raises(ConfigError, match=r"no list index or name 'nobody'"):
+        load_config(default_config(), ["agents.nobody.max_actions=2"])
