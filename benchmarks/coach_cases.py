@@ -67,9 +67,10 @@ from typing import Any
 
 from mappa.coach.check import parse_case
 from mappa.config import load_config
-from mappa.sandbox import SandboxIsolationWarning, cut_middle, execute
+from mappa.sandbox import SandboxIsolationWarning, execute
 from mappa.tasks.arithmetic import generate
 from mappa.tasks.math import extract_boxed, grade
+from mappa.text import cut_middle
 
 DIFFICULTY = 2
 TRAIN_SEED = 0
