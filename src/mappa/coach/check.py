@@ -394,8 +394,8 @@ def case_contexts(
 ) -> list[CoachContext]:
     """The coach's view of each case, built as training builds it (``build_context``): the
     reference shown per ``view.reference_for`` (``coach.reference_scope``), the observation
-    cut to ``view.observation_chars``. ``grade`` grades the final agent's cases as the run
-    grades an episode, for the answer check (``view.answer_check``).
+    cut to ``view.observation_chars``. With ``view.answer_check``, ``grade`` grades the final
+    agent's cases as the run grades an episode (only then: the verdict is all it feeds).
 
     >>> ctxs = case_contexts(CASES, ROLES, "verifier", CoachView(reference_for="final"))
     >>> [(c.agent, c.ground_truth) for c in ctxs][8], ctxs[0].ground_truth is None
@@ -407,7 +407,7 @@ def case_contexts(
     out = []
     for i, case in enumerate(cases):
         ep = case_episode(case, i)
-        if grade is not None and case.agent == final_agent:
+        if grade is not None and view.answer_check and case.agent == final_agent:
             ep.final_answer, ep.correct = grade(case.output, case.answer)
         out.append(build_context(ep, ep.actions[0], roles, final_agent, view))
     return out

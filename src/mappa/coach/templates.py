@@ -68,8 +68,7 @@ class CoachTemplate:
         """Hash of the text the coach is shown (part of the cache key: editing the template
         or the pipeline it describes invalidates cached scores)."""
         parts = [self.system, self.final_system, self.reference, self.user, self.corrective]
-        parts.append(self.answer_check)
-        text = "\x00".join([*parts, self.pipeline])
+        text = "\x00".join([*parts, self.answer_check, self.pipeline])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
