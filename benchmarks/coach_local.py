@@ -36,10 +36,10 @@ from mappa.coach.context import CoachContext
 from mappa.coach.local import SCORE_PREFIX
 from mappa.coach.templates import CoachTemplate, render_messages
 from mappa.config import RunConfig, load_config
-from mappa.factory import coach_template
 from mappa.models.loading import load_base
 from mappa.models.policies import kv_cache, left_pad, with_cache
 from mappa.models.scorer import ScoreDistributionModel
+from mappa.run.preflight import coach_template
 from mappa.tasks.arithmetic import generate
 
 # Two replies per agent in the style (and at the length) the demo's SmolLM2-135M writes them.

@@ -201,7 +201,7 @@ def _adam_steps(run_dir: Path) -> dict[str, float]:
     """Per agent, the Adam step count in the newest checkpoint (the first param's)."""
     import torch
 
-    from mappa.checkpoint import latest_checkpoint
+    from mappa.run.checkpoint import latest_checkpoint
 
     newest = latest_checkpoint(run_dir)
     assert newest is not None, f"{run_dir}: no checkpoint"
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mappa.cli import default_config
     from mappa.config import load_config
-    from mappa.train import train
+    from mappa.run.loop import train
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="mappa-gpu-check-"))
     model_dir, run_dir = work / "model", work / "run"

@@ -101,18 +101,18 @@ def measure_rollout(engine_name: str, quick: bool) -> dict[str, Any]:
     lengths."""
     import torch
 
-    from mappa import factory
-    from mappa.evaluation import training_tasks
     from mappa.models.interface import Sample
+    from mappa.run import build
+    from mappa.run.evaluation import training_tasks
     from mappa.workflow.interface import RolloutInput
 
     overrides = [f"rollout.engine={engine_name}"]
     overrides += ["rollout.max_new_tokens=24"] if quick else []
     with tempfile.TemporaryDirectory(prefix="mappa-bench-") as tmp:
         cfg = _demo_config(f"run_dir={tmp}/run", *overrides)
-        policies = factory.load_policies(cfg)
-        engine = factory.make_engine(cfg, policies)
-        runner = factory.make_runner(cfg, engine, policies.tokenizer, Path(tmp) / "ws")
+        policies = build.load_policies(cfg)
+        engine = build.make_engine(cfg, policies)
+        runner = build.make_runner(cfg, engine, policies.tokenizer, Path(tmp) / "ws")
         tasks = training_tasks(cfg)
         per_step = cfg.train.prompts_per_step
         batch = [t for t in tasks[:per_step] for _ in range(cfg.train.samples_per_prompt)]
@@ -197,17 +197,17 @@ def measure_update(quick: bool) -> dict[str, Any]:
 
     import torch
 
-    from mappa import factory
     from mappa.records import Action, Episode, Score
     from mappa.rl.kl import KLController
     from mappa.rl.update import update_agents
-    from mappa.train import recomputes_old_logprobs
+    from mappa.run import build
+    from mappa.run.loop import recomputes_old_logprobs
     from mappa.workflow.chat import ChatFormat
 
     spec = _update_spec(quick)
     cfg = _demo_config("rl.mask_truncated=false")  # TRL trains truncated completions too
-    policies = factory.load_policies(cfg)
-    params, optimizers = factory.make_optimizers(cfg, policies)
+    policies = build.load_policies(cfg)
+    params, optimizers = build.make_optimizers(cfg, policies)
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
     system, user = spec["conversation"]
     prompt = ChatFormat(policies.tokenizer).first_prompt(system["content"], user["content"])
@@ -311,9 +311,9 @@ def measure_local_coach(quick: bool) -> dict[str, Any]:
 
     from mappa.coach.local import SCORE_PREFIX
     from mappa.coach.templates import render_messages
-    from mappa.factory import coach_template
     from mappa.models.loading import load_base
     from mappa.models.scorer import ScoreDistributionModel
+    from mappa.run.preflight import coach_template
 
     cfg = _demo_config()
     model, tokenizer = load_base(cfg.model.path, cfg.model.dtype, "cpu")
@@ -345,9 +345,9 @@ def measure_http_coach(server_kind: str, quick: bool) -> dict[str, Any]:
     from mappa.coach.http import HttpCoach
     from mappa.coach.servers import LlamaCppServer, LocalServer, VllmServer
     from mappa.config import HttpCoachConfig
-    from mappa.factory import coach_template
     from mappa.models.loading import resolve_model_path
     from mappa.models.packages import locate_gguf
+    from mappa.run.preflight import coach_template
 
     cfg = _demo_config()
     n = 4 if quick else 8

@@ -215,7 +215,7 @@ def _setup_logging() -> None:
 
 def _train(cfg: RunConfig, resume: Path | None) -> int:
     from mappa.report.summary import run_summary
-    from mappa.train import train
+    from mappa.run.loop import train
 
     run_dir = train(cfg, resume=resume)
     print(run_summary(run_dir, [a.name for a in cfg.agents]))
@@ -224,7 +224,7 @@ def _train(cfg: RunConfig, resume: Path | None) -> int:
 
 def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
     from mappa.config import EvalConfig
-    from mappa.evaluation import checked_heldout, evaluate
+    from mappa.run.evaluation import checked_heldout, evaluate
 
     flags = {
         "samples": args.samples,
@@ -241,7 +241,7 @@ def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
         return 2
     import torch
 
-    from mappa import factory
+    from mappa.run import build
 
     adapters = args.adapters
     if adapters is not None and (adapters / "adapters").is_dir():
@@ -253,9 +253,9 @@ def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
     out = args.out or (adapters.parent if adapters is not None else Path("runs/eval-base"))
     source = args.tasks or cfg.eval.source or "arithmetic (held out)"
     torch.manual_seed(cfg.seed)  # sampled evaluations (eval.temperature > 0) are repeatable
-    policies = factory.load_policies(cfg, adapters)
-    engine = factory.make_engine(cfg, policies)
-    runner = factory.make_runner(cfg, engine, policies.tokenizer, out / "eval_workspaces")
+    policies = build.load_policies(cfg, adapters)
+    engine = build.make_engine(cfg, policies)
+    runner = build.make_runner(cfg, engine, policies.tokenizer, out / "eval_workspaces")
     try:
         result = evaluate(cfg, runner, tasks, out, source, adapters)
     finally:
@@ -328,7 +328,7 @@ def _check_config(args: argparse.Namespace) -> tuple[RunConfig, LocalServer | No
     with its common overrides, ``--arm``'s, then the command line's; its ``coach_server:``);
     without it, the run's own config (``--episodes``), else the demo's. ``--serve`` (or
     the experiment's server) points the HTTP coach at the server."""
-    from mappa import factory
+    from mappa.run import preflight
 
     path = args.config
     if path is None and args.episodes is not None:
@@ -374,7 +374,7 @@ def _check_config(args: argparse.Namespace) -> tuple[RunConfig, LocalServer | No
 
         overrides += http_coach_overrides(server.base_url)
     cfg = load_config(path, overrides)
-    factory.check(cfg)
+    preflight.check(cfg)
     return cfg, server
 
 
@@ -449,12 +449,12 @@ def _check_plan(
 def _check_coach(cfg: RunConfig) -> CoachBackend:
     """The configured coach; the policy base is loaded only for a local coach that reuses
     it (and not in replay mode, which loads nothing)."""
-    from mappa import factory
+    from mappa.run import build
 
     needs_policy = cfg.coach.backend == "local" and cfg.coach.local.model_path is None
     load = needs_policy and cfg.coach.cache.mode != "replay"
-    policies = factory.load_policies(cfg) if load else None
-    return factory.make_coach(cfg, policies)
+    policies = build.load_policies(cfg) if load else None
+    return build.make_coach(cfg, policies)
 
 
 def _coach_label(cfg: RunConfig) -> dict[str, str]:
@@ -613,11 +613,11 @@ def main(argv: list[str] | None = None) -> int:
     config_path = args.config or resumed or _run_config(adapters) or default_config()
     try:
         cfg = load_config(config_path, args.overrides)
-        from mappa import factory  # checks that need more than the schema, still model-free
+        from mappa.run import preflight  # checks that need more than the schema, model-free
 
-        factory.check(cfg)
+        preflight.check(cfg)
         if resume is not None:
-            from mappa.checkpoint import check_resumable
+            from mappa.run.checkpoint import check_resumable
 
             check_resumable(resume, cfg)
     except (ConfigError, ValueError, FileNotFoundError) as err:

@@ -7,9 +7,9 @@ import importlib.util
 
 import pytest
 
-from mappa import checkpoint, factory
 from mappa.cli import default_config
 from mappa.config import ConfigError, load_config
+from mappa.run import checkpoint, preflight
 
 
 def test_no_cluster_section_is_one_process() -> None:
@@ -36,7 +36,7 @@ def test_a_cluster_section_without_ray_fails_the_check_naming_the_extra(
         importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
     )
     with pytest.raises(ConfigError, match=r"cluster: .*\[ray\]"):
-        factory.check(load_config(default_config(), ["cluster.trainers=one"]))
+        preflight.check(load_config(default_config(), ["cluster.trainers=one"]))
 
 
 def test_resume_may_move_the_cluster_but_not_change_its_layout() -> None:

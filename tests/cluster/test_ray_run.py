@@ -20,11 +20,11 @@ import torch
 from conftest import tiny_run_config
 from safetensors.torch import load_file
 
-from mappa import checkpoint
 from mappa.cluster import WorkerLost
 from mappa.jsonl import read_jsonl
 from mappa.records import read_episodes
-from mappa.train import train
+from mappa.run import checkpoint
+from mappa.run.loop import train
 
 pytestmark = pytest.mark.integration
 # Ray's switch for a local-only cluster: every node, the driver and the workers use 127.0.0.1

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from mappa import factory
 from mappa.cli import default_config
 from mappa.coach import CoachView, build_context
 from mappa.coach.templates import load_template, render_messages
 from mappa.config import ConfigError, load_config
 from mappa.records import Action, Episode
+from mappa.run import preflight
 
 ROLES = {"solver": "Solves.", "verifier": "Checks."}
 
@@ -89,11 +89,11 @@ def test_the_brief_template_shows_the_verdict_under_the_reference() -> None:
 def test_answer_check_with_a_template_that_never_shows_it_is_a_config_error() -> None:
     cfg = load_config(default_config(), ["coach.answer_check=true", "coach.template=mathchat"])
     with pytest.raises(ConfigError, match="coach.answer_check: template 'mathchat' never shows"):
-        factory.check(cfg)
+        preflight.check(cfg)
     brief = load_config(
         default_config(), ["coach.answer_check=true", "coach.template=mathchat_brief"]
     )
-    factory.check(brief)
+    preflight.check(brief)
 
 
 def test_the_view_follows_the_config() -> None:

@@ -13,8 +13,8 @@ from mappa.coach.context import CoachContext
 from mappa.coach.stats import accounting, bias, point_biserial
 from mappa.coach.templates import SHIPPED, TemplateError, load_template, render_messages
 from mappa.config import load_config
-from mappa.factory import check
 from mappa.records import Action, Episode, Score
+from mappa.run.preflight import check
 
 
 class FakeCountingCoach:

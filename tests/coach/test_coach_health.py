@@ -14,7 +14,6 @@ from mappa.coach.stats import (
     health_metrics,
 )
 from mappa.records import Action, Episode, Score
-from mappa.train import _health_txt
 
 
 def scores(*values: float) -> list[Score]:
@@ -116,11 +115,6 @@ def test_coach_health_per_agent_in_order_and_its_metric_keys() -> None:
     assert m["coach_health/signal_agents"] == 1 and m["coach_health/agents"] == 2
     assert m["coach_health/digit_mass"] == pytest.approx(0.8)
     assert health_metrics({}) == {}  # no coach (outcome_only): no keys at all
-    assert _health_txt(m) == " signal=1/2 mass=0.80"
-    assert _health_txt({"coach_health/agents": 2, "coach_health/signal_agents": 2}) == (
-        " signal=2/2"
-    )
-    assert _health_txt({}) == ""
 
 
 FLAT = agent_health(scores(7.0, 7.0, 7.0), 0.05)

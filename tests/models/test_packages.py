@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from mappa import factory
 from mappa.cli import default_config
 from mappa.config import ConfigError, load_config
 from mappa.models import packages
 from mappa.models.packages import SplitGgufPackage, locate_gguf, require_installed
+from mappa.run import preflight
 
 FAKE = "fake-split-model"
 PARTS = 11  # two digits, so a lexical sort would put part10 before part2
@@ -127,9 +127,9 @@ def test_factory_check_refuses_a_missing_part_without_joining(
     cfg = load_config(default_config(), [f"model.path=pypi:{FAKE}", "coach.cache.mode=off"])
     (fake_parts / "fake_split_part7" / "data" / "part07.bin").unlink()
     with pytest.raises(ConfigError, match=r"model\.path: .*fake-split-part7"):
-        factory.check(cfg)
+        preflight.check(cfg)
     (fake_parts / "fake_split_part7" / "data" / "part07.bin").write_bytes(_part_bytes(7))
-    factory.check(cfg)
+    preflight.check(cfg)
     assert not _cache_files(tmp_path)  # the check is cheap: it joins nothing
 
 

@@ -64,8 +64,8 @@ def _config(model_dir: Path, run_dir: Path, *overrides: str) -> Any:
 @pytest.fixture(scope="module")
 def engine_and_policies(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A live engine serving adapters that differ from the base (LoRA B starts at zero)."""
-    from mappa.factory import load_policies
     from mappa.models.vllm_engine import VllmEngine
+    from mappa.run.build import load_policies
 
     cfg = _config(vllm_model_dir, tmp_path_factory.mktemp("run"))
     policies = load_policies(cfg)
@@ -181,7 +181,7 @@ def test_vllm_engine_trains_two_steps_and_serves_each_update(
     from mappa.jsonl import read_jsonl
     from mappa.models import vllm_engine
     from mappa.records import read_episodes
-    from mappa.train import train
+    from mappa.run.loop import train
 
     sampled: list[tuple[list[int], list[int], list[float]]] = []
     calls: list[str] = []  # release and sync, in order
@@ -349,9 +349,10 @@ def test_local_coach_on_the_engine_reads_the_hf_scorers_distribution(
     coach scores."""
     from mappa.coach.local import SCORE_PREFIX
     from mappa.coach.templates import render_messages
-    from mappa.factory import coach_template, load_policies, make_coach, make_engine
     from mappa.models.scorer import ScoreDistributionModel
     from mappa.models.vllm_engine import VllmScoreDistribution
+    from mappa.run.build import load_policies, make_coach, make_engine
+    from mappa.run.preflight import coach_template
 
     cfg = _config(sharp_model_dir, tmp_path / "run")
     policies = load_policies(cfg)
@@ -399,7 +400,7 @@ def test_coach_engine_choice_and_impossible_combinations(
     ``vllm`` elsewhere is refused when the config loads, or (no engine built, as in
     ``mappa coach-check``) when the coach is built; ``auto`` then falls back to hf."""
     from mappa.config import ConfigError
-    from mappa.factory import coach_on_engine, make_coach
+    from mappa.run.build import coach_on_engine, make_coach
 
     run = tmp_path / "run"
     assert coach_on_engine(_config(tiny_model_dir, run))
@@ -422,7 +423,7 @@ def test_check_refuses_the_vllm_engine_without_vllm(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mappa.config import ConfigError
-    from mappa.factory import check
+    from mappa.run.preflight import check
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(

@@ -89,7 +89,7 @@ def _crafted(step: int, flagged: bool) -> dict[str, Any]:
 def report(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A real 2-step run of the tiny model, two crafted episodes added; its report."""
     from mappa.cli import main
-    from mappa.train import train
+    from mappa.run.loop import train
 
     root = tmp_path_factory.mktemp("report")
     run_dir = train(

@@ -25,7 +25,7 @@ from conftest import process_backend
 from fakes import FakeCharChat, FakeScriptedPolicy
 
 from mappa.config import AgentConfig, RunConfig, SandboxConfig, load_config
-from mappa.factory import runner_for, sandbox_limits
+from mappa.run.build import runner_for, sandbox_limits
 from mappa.sandbox import (
     Author,
     BwrapBackend,

@@ -14,9 +14,9 @@ import pytest
 from fakes import FakeScriptedPolicy
 
 from mappa.config import AgentConfig, load_config
-from mappa.factory import runner_for
-from mappa.report.dsbench import dsbench_report
+from mappa.run.build import runner_for
 from mappa.tasks import Task
+from mappa.tasks.dsbench.report import dsbench_report
 from mappa.tasks.dsbench.synthetic import generate
 from mappa.workflow.chat import ChatFormat
 from mappa.workflow.interface import RolloutInput
@@ -127,7 +127,7 @@ def test_forgetful_data_engineer_is_blamed(tmp_path: Path, tokenizer: Any) -> No
 
 
 def test_heldout_eval_reports_dsbench_metrics(tmp_path: Path, tokenizer: Any) -> None:
-    from mappa.evaluation import run_heldout
+    from mappa.run.evaluation import run_heldout
 
     cfg = load_config(REPO / "configs" / "dsbench_cpu.yaml", ["sandbox.timeout_s=60"])
     runner, _ = _runner(tmp_path, tokenizer, saves_test=False)

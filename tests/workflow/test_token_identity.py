@@ -17,13 +17,13 @@ from transformers import AutoTokenizer
 
 from mappa.coach.base import build_context
 from mappa.config import RLConfig
-from mappa.factory import runner_for
 from mappa.models.interface import TokenLogprobs
 from mappa.models.loading import convert_gguf, load_base
 from mappa.models.policies import AgentPolicies
 from mappa.records import Score
 from mappa.rl.experience import make_experience
 from mappa.rl.update import policy_step
+from mappa.run.build import runner_for
 from mappa.tasks import Task
 from mappa.workflow.chat import ChatFormat
 from mappa.workflow.interface import RolloutInput

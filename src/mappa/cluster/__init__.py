@@ -1,6 +1,6 @@
 """The training loop on Ray (``cluster:`` in a run config; docs/scaling.md).
 
-The driver (``mappa.train``) runs the same loop as in one process; only where the models
+The driver (``mappa.run.loop``) runs the same loop as in one process; only where the models
 live changes. ``launch`` starts the actors a config's layout asks for and returns driver-side
 objects behind the interfaces the loop already uses: a ``TrainablePolicy`` whose log-probs
 are computed on each agent's trainer actor (so ``mappa.rl.experience.make_experience`` runs
@@ -13,6 +13,6 @@ extra (``pip install 'mappa[ray]'``). ``errors`` alone imports no Ray, so the lo
 catch ``WorkerLost`` without it.
 """
 
-from mappa.cluster.errors import WorkerLost
+from mappa.run.models import WorkerLost
 
 __all__ = ["WorkerLost"]

@@ -22,8 +22,6 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
-from mappa import factory
-from mappa.cluster.errors import WorkerLost
 from mappa.cluster.remote import (
     EngineRng,
     RemoteCoach,
@@ -37,6 +35,8 @@ from mappa.cluster.worker import CoachWorker, PolicyWorker
 from mappa.config import ActorResources, ClusterConfig, RunConfig
 from mappa.records import Episode
 from mappa.rl.kl import KLController
+from mappa.run import build
+from mappa.run.models import RunModels, WorkerLost
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class _Actors:
         self.started.clear()
 
 
-def launch(cfg: RunConfig) -> factory.RunModels:
+def launch(cfg: RunConfig) -> RunModels:
     """Start the actors ``cfg.cluster`` asks for and return the loop's ``RunModels`` over
     them; their ``close`` ends every actor (and Ray, when this started it)."""
     cluster = cfg.cluster
@@ -154,7 +154,7 @@ def launch(cfg: RunConfig) -> factory.RunModels:
 
 def _start(
     cfg: RunConfig, cluster: ClusterConfig, actors: _Actors, close: Callable[[], None]
-) -> factory.RunModels:
+) -> RunModels:
     names = [a.name for a in cfg.agents]
     coach_here = cfg.rl.needs_coach and cluster.coach_actors == 0
 
@@ -219,7 +219,7 @@ def _start(
     if cfg.rl.needs_coach:
         backends = coaches or [first_engine]
         name = wait(backends[0].coach_name.remote(), "starting the coach")
-        coach = factory.make_coach(cfg, None, backend=lambda: RemoteCoach(backends, name))
+        coach = build.make_coach(cfg, None, backend=lambda: RemoteCoach(backends, name))
     tokenizer = wait(first_engine.tokenizer.remote(), "starting the engines")
     dtype = wait(trainers[names[0]].dtype.remote(), "starting the trainers")
 
@@ -229,7 +229,7 @@ def _start(
         return remote_update(policies, cfg, episodes, step, kl_ctl, recompute_old)
 
     distinct_engines = list({id(e): e for e in engines.values()}.values())
-    return factory.RunModels(
+    return RunModels(
         policies=policies,
         optimizers={n: RemoteOptimizer(trainers[n], n) for n in names},
         engine=engine,

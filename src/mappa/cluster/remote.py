@@ -20,13 +20,13 @@ import torch
 from ray.actor import ActorHandle
 from ray.exceptions import ObjectLostError, RayActorError
 
-from mappa.cluster.errors import WorkerLost
 from mappa.coach.context import CoachContext
 from mappa.config import RLConfig
 from mappa.models.interface import AdapterSource, Sample, TokenLogprobs
 from mappa.records import Score
 from mappa.rl.experience import Experience
 from mappa.rl.update import UpdateStats
+from mappa.run.models import WorkerLost
 
 
 def wait(refs: Any, what: str) -> Any:

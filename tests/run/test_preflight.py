@@ -1,5 +1,5 @@
 """Failing before anything loads: every bad config is a ``ConfigError`` naming its key
-(a property test over the whole schema), and ``factory.check`` finds what the schema cannot
+(a property test over the whole schema), and ``preflight.check`` finds what the schema cannot
 (model path, device, coach URL and key, cache directory, sandbox backend, task files)."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from mappa import factory
 from mappa.cli import default_config
 from mappa.config import AgentConfig, ConfigError, RunConfig, load_config
+from mappa.run import preflight
 from mappa.sandbox import backends as backends_module
 from mappa.sandbox.backends import process as process_module
 
@@ -209,7 +209,7 @@ def test_the_cli_rejects_a_bad_config_with_exit_2_and_no_torch(tmp_path: Path) -
     assert "Traceback" not in proc.stderr and "TORCH False" in proc.stdout
 
 
-# --- factory.check: what the schema cannot see ---------------------------------------------
+# --- preflight.check: what the schema cannot see ---------------------------------------------
 
 HUB = "model.path=Qwen/Qwen3-4B"  # an HF id: not checkable offline, so never an error here
 
@@ -220,12 +220,12 @@ def _cfg(*overrides: str) -> RunConfig:
 
 def _problem(*overrides: str) -> str:
     with pytest.raises(ConfigError) as err:
-        factory.check(_cfg(*overrides))
+        preflight.check(_cfg(*overrides))
     return str(err.value)
 
 
 def test_a_good_config_passes() -> None:
-    factory.check(_cfg())
+    preflight.check(_cfg())
 
 
 def test_model_paths(tmp_path: Path) -> None:
@@ -255,7 +255,7 @@ def test_http_coach_url_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
         *http, "coach.http.api_key_env=MAPPA_TEST_KEY", "coach.cache.path=/tmp/mappa-c.sqlite"
     )
     monkeypatch.setenv("MAPPA_TEST_KEY", "sk-x")
-    factory.check(_cfg(*http[:1], "coach.http.api_key_env=MAPPA_TEST_KEY"))
+    preflight.check(_cfg(*http[:1], "coach.http.api_key_env=MAPPA_TEST_KEY"))
     for url in ("localhost:8080/v1", "http://", "ftp://host/v1", "http://host:port/v1"):
         assert "coach.http.base_url: " in _problem(http[0], f"coach.http.base_url={url}")
 
@@ -267,7 +267,7 @@ def test_cache_directory_must_be_writable(tmp_path: Path) -> None:
     assert "is a directory" in _problem(
         "coach.cache.mode=readwrite", f"coach.cache.path={tmp_path}"
     )
-    factory.check(_cfg("coach.cache.mode=readwrite", f"coach.cache.path={tmp_path}/new/c.sqlite"))
+    preflight.check(_cfg("coach.cache.mode=readwrite", f"coach.cache.path={tmp_path}/new/c.sqlite"))
 
 
 def test_sandbox_backends(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -279,7 +279,7 @@ def test_sandbox_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "/proc/<pid>/environ" in message and "MAPPA_ALLOW_UNISOLATED=1" in message
     assert "bwrap cannot run here" in _problem("sandbox.backend=auto")
     monkeypatch.setenv("MAPPA_ALLOW_UNISOLATED", "1")
-    factory.check(_cfg("sandbox.backend=process"))
+    preflight.check(_cfg("sandbox.backend=process"))
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

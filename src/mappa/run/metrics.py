@@ -1,4 +1,10 @@
-"""One vocabulary for the numbers training, evaluation and the DSBench report log.
+"""A step's metrics, and one vocabulary for the numbers training, evaluation and the
+DSBench report log.
+
+``rollout_metrics`` is the one place a training step's rollout metrics are assembled: the
+outcome accuracy, the per-agent keys below, and the coach's statistics (``coach_cost/``,
+``bias/``, ``coach_health/``: ``mappa.coach.stats``); the update, timings and held-out
+evaluation add theirs in the loop. ``step_line`` is the line the loop prints per step.
 
 Every per-agent key is ``<name>/<agent>`` and means the same wherever it appears
 (``metrics.jsonl`` step lines, their ``eval/`` copies, ``eval.json``); rates are fractions
@@ -23,9 +29,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from statistics import mean
+from typing import Any
 
-from mappa.config import AgentConfig, AnswerFormat
-from mappa.records import Episode
+from mappa.coach.stats import NoSignalWatch, accounting, bias, coach_health, health_metrics
+from mappa.config import AgentConfig, AnswerFormat, RunConfig
+from mappa.records import Episode, Score
 from mappa.tasks.math import extract_answer
 
 
@@ -82,3 +90,52 @@ def accuracy(correct: Sequence[Sequence[bool]], k: int) -> dict[str, float | int
         f"avg@{k}": avg,
         f"pass@{k}": rate([any(c) for c in correct]),
     }
+
+
+def rollout_metrics(
+    step: int,
+    episodes: Sequence[Episode],
+    scores: Sequence[Score],
+    cfg: RunConfig,
+    watch: NoSignalWatch,
+) -> dict[str, Any]:
+    """The metrics of one scored rollout: accuracy, the per-agent keys, the coach's cost,
+    bias and health (``watch`` warns on a long run of steps without signal)."""
+    names = [a.name for a in cfg.agents]
+    graded = [e.correct for e in episodes if e.correct is not None]
+    out: dict[str, Any] = {"step": step, "episodes": len(episodes)}
+    out["accuracy"] = mean(graded) if graded else None
+    out.update(agent_metrics(episodes, cfg.agents, cfg.tasks.answer_format))
+    prices = cfg.coach.price_per_mtok
+    out.update(accounting(scores, prices.prompt, prices.completion))
+    out.update(bias(episodes, names[-1]))
+    health = coach_health(episodes, names, cfg.rl.min_reward_spread)
+    out.update(health_metrics(health))
+    out.update(watch.observe(health))
+    return out
+
+
+def _fmt(x: Any) -> str:
+    return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
+
+
+def _health_txt(metrics: dict[str, Any]) -> str:
+    """`` signal=2/3 mass=0.91``: agents whose scores carried signal this step, and the
+    coach's mean probability on a score where known (nothing for a run without a coach)."""
+    if metrics.get("coach_health/agents") is None:
+        return ""
+    mass = metrics.get("coach_health/digit_mass")
+    return f" signal={metrics['coach_health/signal_agents']}/{metrics['coach_health/agents']}" + (
+        "" if mass is None else f" mass={mass:.2f}"
+    )
+
+
+def step_line(step: int, metrics: dict[str, Any], agents: Sequence[str]) -> str:
+    """The loop's line for one finished step: mean coach score per agent, accuracy, KL,
+    rollout speed, flagged scores and the coach's health."""
+    coach_txt = " ".join(f"{n}={_fmt(metrics.get(f'coach/{n}'))}" for n in agents)
+    return (
+        f"step {step}: coach[{coach_txt}] acc={_fmt(metrics['accuracy'])} "
+        f"kl={_fmt(metrics['mean_kl'])} tok/s={metrics['rollout_tokens_per_s']:.1f} "
+        f"flagged={metrics['coach/flagged']}{_health_txt(metrics)}"
+    )

@@ -45,29 +45,13 @@ import yaml
 
 from mappa.config import RESUMABLE_KEYS, RunConfig
 from mappa.jsonl import truncate_jsonl
-from mappa.models.interface import AdapterSource
 from mappa.rng import as_tuples, set_torch_rng_state, torch_rng_state
+from mappa.run.models import AdapterStore, Stateful
 
 log = logging.getLogger(__name__)
 
 RECORD_FILES = ("episodes.jsonl", "metrics.jsonl", "heldout_episodes.jsonl")
 CHECKPOINTS = "checkpoints"
-
-
-class AdapterStore(AdapterSource, Protocol):
-    """The agents' adapters, saved and loaded as files (``AgentPolicies``, or the trainer
-    actors of a Ray run behind ``mappa.cluster``)."""
-
-    def load(self, directory: Path) -> None: ...
-
-
-class Stateful(Protocol):
-    """State that round-trips through a checkpoint: an optimizer (in this process or on a
-    trainer actor), the task order, or the random state of engine actors."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 class KLState(Protocol):

@@ -8,7 +8,7 @@ against the training problems (``mappa.tasks.splits``).
 
 Metrics (``k`` = ``eval.samples``): ``accuracy`` = ``avg@k`` (mean correctness over all
 samples of all graded problems) and ``pass@k`` (share of problems with at least one correct
-sample), plus the per-agent keys of ``mappa.report.metrics``.
+sample), plus the per-agent keys of ``mappa.run.metrics``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from mappa.config import RunConfig
 from mappa.records import Episode, append_episodes
-from mappa.report.metrics import accuracy, agent_metrics
+from mappa.run.metrics import accuracy, agent_metrics
 from mappa.tasks import Task, load_tasks
 from mappa.tasks.arithmetic import generate
 from mappa.tasks.splits import check_disjoint
@@ -102,7 +102,7 @@ def run_heldout(
     metrics.update(accuracy(correct, k))
     metrics.update(agent_metrics(episodes, cfg.agents, cfg.tasks.answer_format))
     if any(t.dsbench is not None for t in tasks):  # modeling tasks: success, fair metrics, blame
-        from mappa.report.dsbench import dsbench_report
+        from mappa.tasks.dsbench.report import dsbench_report
 
         metrics["dsbench"] = dsbench_report(episodes, cfg.agents)
     return metrics, episodes, per_task

@@ -1,4 +1,4 @@
-"""Checkpoints and resume (``mappa.checkpoint``): real processes killed with SIGKILL at a
+"""Checkpoints and resume (``mappa.run.checkpoint``): real processes killed with SIGKILL at a
 named point (the test-only ``MAPPA_TEST_PAUSE`` hook) resume to the uninterrupted run's
 metrics, with no torn line and no duplicate step in the records."""
 
@@ -17,9 +17,9 @@ import pytest
 import yaml
 from conftest import tiny_run_config
 
-from mappa.checkpoint import config_differences, latest_checkpoint
 from mappa.cli import main
 from mappa.jsonl import read_jsonl
+from mappa.run.checkpoint import config_differences, latest_checkpoint
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
 STEPS = 4

@@ -47,7 +47,7 @@ def _fingerprint(episodes_path: Path) -> list[dict[str, object]]:
 def test_fixed_seed_tiny_run_matches_pinned_tokens_and_scores(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from mappa.train import train
+    from mappa.run.loop import train
 
     run_dir = train(tiny_run_config(tiny_model_dir, tmp_path / "run"))
     got = _fingerprint(run_dir / "episodes.jsonl")

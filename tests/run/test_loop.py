@@ -13,11 +13,11 @@ from conftest import tiny_run_config
 from safetensors.torch import load_file
 
 from mappa.config import RLConfig
-from mappa.factory import load_policies
 from mappa.jsonl import read_jsonl
 from mappa.models.loading import load_base
 from mappa.records import read_episodes
-from mappa.train import recomputes_old_logprobs, train
+from mappa.run.build import load_policies
+from mappa.run.loop import recomputes_old_logprobs, train
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
 
@@ -261,7 +261,7 @@ class FakeSeparateHfEngine:
 def test_which_samplers_are_the_trainers_own_modules() -> None:
     from types import SimpleNamespace
 
-    from mappa.train import samples_from_trainer
+    from mappa.run.loop import samples_from_trainer
 
     policies = object()
     here = SimpleNamespace(policies=policies, engine=policies)  # in-process hf: the policies
@@ -279,15 +279,16 @@ def test_auto_recomputes_the_old_logprobs_of_a_separate_hf_engine_in_float32(
     Ray's engine actors are) gets its old log-probs recomputed under ``auto``."""
     import dataclasses
 
-    from mappa import factory
-    from mappa import train as train_module
+    from mappa.run import build
+    from mappa.run import loop as train_module
+    from mappa.run.models import RunModels
 
     cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.steps=1")
     assert cfg.rollout.engine == "hf" and cfg.rl.recompute_old_logprobs == "auto"
     asked: list[bool] = []
 
-    def models(cfg: Any, policies: Any) -> factory.RunModels:
-        local = factory.local_models(cfg, policies)
+    def models(cfg: Any, policies: Any) -> RunModels:
+        local = build.local_models(cfg, policies)
         assert local.dtype == torch.float32
 
         def update(episodes: Any, step: int, kl_ctl: Any, recompute_old: bool) -> Any:

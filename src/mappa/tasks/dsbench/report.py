@@ -1,6 +1,6 @@
 """The DSBench evaluation report: success, fair and successful-only metrics by task type,
 and who broke each failed run. Per-agent behaviour (actions, tool calls, execution errors)
-is reported beside it with the common keys of ``mappa.report.metrics``.
+is reported beside it with the common keys of ``mappa.run.metrics``.
 
 A failed run is blamed on the first agent (in pipeline order) that did not leave a file it
 owed (``produces`` in its config); if every file is there, the final agent's submission was
@@ -30,7 +30,7 @@ def culprit(episode: Episode, agents: Sequence[AgentConfig]) -> str | None:
 
 def dsbench_report(episodes: Sequence[Episode], agents: Sequence[AgentConfig]) -> dict[str, Any]:
     """Success and metrics by task type, and blame; per-agent behaviour (actions, execution
-    errors) is in the same run's ``agent_metrics`` keys (``mappa.report.metrics``)."""
+    errors) is in the same run's ``agent_metrics`` keys (``mappa.run.metrics``)."""
     out: dict[str, Any] = {"runs": len(episodes)}
     out["success_rate"] = mean(float(bool(e.correct)) for e in episodes) if episodes else None
     by_type: dict[str, list[Episode]] = defaultdict(list)

@@ -8,22 +8,22 @@ from pathlib import Path
 import pytest
 from conftest import tiny_run_config
 
-from mappa import factory
 from mappa.cli import default_config
 from mappa.config import load_config
 from mappa.jsonl import read_jsonl
 from mappa.records import read_episodes
 from mappa.rl.schedule import set_step_lr
+from mappa.run import build, preflight
 
 
 def test_a_full_finetuning_lr_warns_for_lora() -> None:
     with pytest.warns(UserWarning, match=r"rl.lr=1e-06 is a full-finetuning rate"):
-        factory.check(load_config(default_config(), ["rl.lr=1e-6"]))
+        preflight.check(load_config(default_config(), ["rl.lr=1e-6"]))
 
 
 def test_optimizers_follow_the_configured_betas_and_schedule(tiny_model_dir: Path) -> None:
     cfg = tiny_run_config(tiny_model_dir, Path("unused"), "train.steps=5", "rl.lr=0.01")
-    params, optimizers = factory.make_optimizers(cfg, factory.load_policies(cfg))
+    params, optimizers = build.make_optimizers(cfg, build.load_policies(cfg))
     assert set(params) == set(optimizers) == {a.name for a in cfg.agents}
     adam = optimizers["verifier"]
     assert adam.defaults["betas"] == (0.9, 0.95) and adam.defaults["eps"] == 1e-8
@@ -35,7 +35,7 @@ def test_optimizers_follow_the_configured_betas_and_schedule(tiny_model_dir: Pat
 
 def test_outcome_only_asks_no_coach(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Replay mode over an empty cache fails on the first coach call: none may be made."""
-    from mappa.train import train
+    from mappa.run.loop import train
 
     cfg = tiny_run_config(
         tiny_model_dir,
