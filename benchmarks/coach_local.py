@@ -37,8 +37,8 @@ from mappa.coach.local import SCORE_PREFIX
 from mappa.coach.templates import CoachTemplate, render_messages
 from mappa.config import RunConfig, load_config
 from mappa.models.loading import load_base
-from mappa.models.policies import kv_cache, left_pad, with_cache
 from mappa.models.scorer import ScoreDistributionModel
+from mappa.models.tensors import kv_cache, left_pad, with_cache
 from mappa.run.preflight import coach_template
 from mappa.tasks.arithmetic import generate
 

@@ -36,7 +36,8 @@ def measure(variant: str, prompt: int, completion: int) -> float:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from mappa.config import LoraConfig
-    from mappa.models.policies import AgentPolicies, left_pad
+    from mappa.models.policies import AgentPolicies
+    from mappa.models.tensors import left_pad
 
     torch.manual_seed(0)
     cfg = LlamaConfig(

@@ -66,6 +66,7 @@ def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
     agent as in ``policy_step``."""
     import torch
 
+    from mappa.models.hf_engine import HfEngine
     from mappa.models.loading import load_base
     from mappa.models.memory import trim_heap
     from mappa.models.policies import AgentPolicies
@@ -81,9 +82,10 @@ def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
     prompt = ChatFormat(tok).first_prompt(agent.role, agent.input_template.format(task=TASK))
     new_tokens = 16 if quick else cfg.rollout.max_new_tokens
     policies.stop_ids = set()  # every agent samples exactly new_tokens: the same work each
+    engine = HfEngine(policies)
     for name in names:
         optimizer = torch.optim.Adam(policies.adapter_parameters(name), lr=cfg.rl.lr)
-        samples = policies.generate(name, [prompt] * 8, new_tokens, cfg.rollout.temperature)
+        samples = engine.generate(name, [prompt] * 8, new_tokens, cfg.rollout.temperature)
         lp = policies.completion_logprobs(
             name, [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
         ).logprobs
@@ -207,19 +209,21 @@ def measure_update(quick: bool) -> dict[str, Any]:
     spec = _update_spec(quick)
     cfg = _demo_config("rl.mask_truncated=false")  # TRL trains truncated completions too
     policies = build.load_policies(cfg)
+    engine = build.make_engine(cfg, policies)
     params, optimizers = build.make_optimizers(cfg, policies)
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
     system, user = spec["conversation"]
     prompt = ChatFormat(policies.tokenizer).first_prompt(system["content"], user["content"])
     name = cfg.agents[0].name
     dtype = next(policies.model.parameters()).dtype
-    recompute_old = recomputes_old_logprobs(cfg.rl, "hf", dtype)  # as `mappa train` decides
+    # as `mappa train` decides for its in-process hf engine
+    recompute_old = recomputes_old_logprobs(cfg.rl, "hf", dtype, sampler_is_trainer=True)
     rng = random.Random(0)
     torch.manual_seed(0)
     times, tokens = [], []
     for step in range(spec["steps"]):
         batch = spec["prompts_per_step"] * spec["samples_per_prompt"]
-        samples = policies.generate(
+        samples = engine.generate(
             name, [prompt] * batch, spec["max_new_tokens"], spec["temperature"]
         )
         episodes = []

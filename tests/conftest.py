@@ -132,3 +132,36 @@ def write_yaml(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "bad.yaml"
     path.write_text(textwrap.dedent(text))
     return path
+
+
+def lora_policies(model_dir: Path):  # -> AgentPolicies
+    """The tiny model with adapters ``solver`` and ``checker`` whose LoRA B is random (it
+    starts at zero), so the adapters and their gradients matter. Seed 1: the three prompts of
+    ``prompts_and_completions`` continue differently under greedy decoding (with seed 0 all
+    repeat one token, and a test needs a stop token that only one row samples)."""
+    import torch
+
+    from mappa.config import LoraConfig
+    from mappa.models.loading import load_base
+    from mappa.models.policies import AgentPolicies
+
+    base, tok = load_base(str(model_dir), "float32", "cpu")
+    pol = AgentPolicies(base, tok, ["solver", "checker"], LoraConfig(), seed=1)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in pol.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return pol
+
+
+def prompts_and_completions(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Three random prompts of different lengths and a completion for each (seeded)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, vocab, (n,), generator=gen).tolist()
+
+    return [ids(9), ids(4), ids(12)], [ids(7), ids(1), ids(11)]

@@ -1,49 +1,27 @@
-"""AgentPolicies at long lengths: the prefill projects only the last position onto the
-vocabulary, and completion log-probs are computed in chunks that match the unchunked
-computation (values and gradients) while no ``B x T_c x V`` tensor is ever built."""
+"""AgentPolicies: completion log-probs are computed in chunks that match the unchunked
+computation (values and gradients) while no ``B x T_c x V`` tensor is ever built;
+checkpointing, adapter seeds and names."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import lora_policies, prompts_and_completions
 
 from mappa.config import LoraConfig
 from mappa.models import policies as policies_module
+from mappa.models.hf_engine import HfEngine
 from mappa.models.loading import load_base
-from mappa.models.policies import (
-    LORA_TENSOR_KINDS,
-    AgentPolicies,
-    left_pad,
-    lora_adapter_of,
-    token_logprobs,
-)
+from mappa.models.policies import LORA_TENSOR_KINDS, AgentPolicies, lora_adapter_of
+from mappa.models.tensors import left_pad, token_logprobs
 
 
 @pytest.fixture(scope="module")
 def policies(tiny_model_dir: Path) -> AgentPolicies:
-    base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
-    # seed 1: the three prompts' greedy continuations differ (with seed 0 all repeat one token,
-    # and test_finished_rows_... needs a stop token that only one row samples)
-    pol = AgentPolicies(base, tok, ["solver", "checker"], LoraConfig(), seed=1)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # LoRA B starts at zero; make the adapters (and their grads) matter
-        for name, p in pol.model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
-    return pol
-
-
-def _prompts_and_completions(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
-    gen = torch.Generator().manual_seed(1)
-
-    def ids(n: int) -> list[int]:
-        return torch.randint(3, vocab, (n,), generator=gen).tolist()
-
-    return [ids(9), ids(4), ids(12)], [ids(7), ids(1), ids(11)]
+    return lora_policies(tiny_model_dir)  # type: ignore[no-any-return]
 
 
 def _full_logits_reference(
@@ -63,31 +41,11 @@ def _full_logits_reference(
     )
 
 
-def test_prefill_projects_only_the_last_position(policies: AgentPolicies) -> None:
-    calls: list[tuple[int, Any, tuple[int, ...]]] = []
-
-    def record(module: Any, args: Any, kwargs: dict[str, Any], out: Any) -> None:
-        calls.append((kwargs["input_ids"].shape[1], kwargs.get("logits_to_keep"), out.logits.shape))
-
-    prompts, _ = _prompts_and_completions(len(policies.tokenizer))
-    prompts = [p * 20 for p in prompts]  # a long-ish prompt: the prefill sees up to 240 tokens
-    causal_lm = policies.model.get_base_model()
-    handle = causal_lm.register_forward_hook(record, with_kwargs=True)
-    try:
-        torch.manual_seed(0)
-        policies.generate("solver", prompts, max_new_tokens=3)
-    finally:
-        handle.remove()
-    assert calls[0][0] == 240  # the prefill ...
-    assert all(keep == 1 for _, keep, _ in calls)  # ... and every step ask for one position
-    assert all(shape == (3, 1, len(policies.tokenizer)) for _, _, shape in calls)
-
-
 @pytest.mark.parametrize("with_entropy", [False, True])
 def test_chunked_logprobs_match_unchunked_values_and_gradients(
     policies: AgentPolicies, with_entropy: bool
 ) -> None:
-    prompts, completions = _prompts_and_completions(len(policies.tokenizer))
+    prompts, completions = prompts_and_completions(len(policies.tokenizer))
     params = policies.adapter_parameters("solver")
     weights = torch.linspace(0.5, 1.5, 11)
 
@@ -133,7 +91,7 @@ def test_chunked_logprobs_match_unchunked_values_and_gradients(
 
 
 def test_vocabulary_projection_never_sees_more_than_a_chunk(policies: AgentPolicies) -> None:
-    prompts, completions = _prompts_and_completions(len(policies.tokenizer))
+    prompts, completions = prompts_and_completions(len(policies.tokenizer))
     rows: list[int] = []
     head = policies.model.get_base_model().get_output_embeddings()
     handle = head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
@@ -150,7 +108,7 @@ def test_vocabulary_projection_never_sees_more_than_a_chunk(policies: AgentPolic
 
 
 def test_reference_and_no_grad_and_empty_completions(policies: AgentPolicies) -> None:
-    prompts, completions = _prompts_and_completions(len(policies.tokenizer))
+    prompts, completions = prompts_and_completions(len(policies.tokenizer))
     with torch.no_grad():
         ref = policies.completion_logprobs(None, prompts, completions).logprobs
         mine = policies.completion_logprobs("solver", prompts, completions).logprobs
@@ -165,45 +123,6 @@ def test_reference_and_no_grad_and_empty_completions(policies: AgentPolicies) ->
             torch.zeros(1, dtype=torch.long),
             chunk_tokens=0,
         )
-
-
-def test_finished_rows_leave_the_batch_without_changing_any_sample(
-    policies: AgentPolicies,
-) -> None:
-    """Greedy, a batch of three sorted by length, one row stopping early: every row's tokens
-    and log-probs equal those generated alone, and the steps after the stop run on two rows."""
-    prompts, _ = _prompts_and_completions(len(policies.tokenizer))
-    saved_stop = policies.stop_ids
-    try:
-        policies.stop_ids = set()  # first, the unstopped greedy continuations
-        alone = [policies.generate("solver", [p], 8, 0.7, greedy=True)[0] for p in prompts]
-        stop_token = alone[1].completion_ids[2]  # the second prompt stops at its third token
-        policies.stop_ids = {stop_token}
-        expected = [s.completion_ids for s in alone]
-        expected = [
-            ids[: ids.index(stop_token) + 1] if stop_token in ids else ids for ids in expected
-        ]
-        assert any(len(e) == 8 for e in expected) and len(expected[1]) <= 3
-
-        batch_rows: list[int] = []
-        causal_lm = policies.model.get_base_model()
-        handle = causal_lm.register_forward_hook(
-            lambda m, a, kw, o: batch_rows.append(kw["input_ids"].shape[0]), with_kwargs=True
-        )
-        try:
-            batched = policies.generate("solver", prompts, 8, 0.7, batch_size=8, greedy=True)
-        finally:
-            handle.remove()
-    finally:
-        policies.stop_ids = saved_stop
-    assert [s.completion_ids for s in batched] == expected
-    for b, a, e in zip(batched, alone, expected, strict=True):
-        assert b.prompt_ids == a.prompt_ids
-        assert b.truncated == (e[-1] != stop_token)
-        torch.testing.assert_close(
-            torch.tensor(b.logprobs), torch.tensor(a.logprobs[: len(e)]), atol=1e-5, rtol=0
-        )
-    assert batch_rows[0] == 3 and batch_rows[-1] < 3  # the finished row left the batch
 
 
 def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(
@@ -226,7 +145,7 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(
                     p.copy_(0.1 * torch.randn(p.shape, generator=gen))
         return pol
 
-    prompts, completions = _prompts_and_completions(len(build(False).tokenizer))
+    prompts, completions = prompts_and_completions(len(build(False).tokenizer))
     results = []
     for checkpointing in (False, True):
         pol = build(checkpointing)
@@ -235,7 +154,7 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(
         handle = attn.register_forward_hook(lambda *_, calls=attention_calls: calls.append(1))
         try:
             torch.manual_seed(0)
-            pol.generate("solver", prompts, 3)
+            HfEngine(pol).generate("solver", prompts, 3)
             sampling_calls = len(attention_calls)
             lp = pol.completion_logprobs("solver", prompts, completions, 0.7).logprobs
             forward_calls = len(attention_calls)

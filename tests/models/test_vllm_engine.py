@@ -23,6 +23,8 @@ import pytest
 import torch
 from conftest import build_tiny_model, tiny_run_config
 
+from mappa.models.hf_engine import HfEngine
+
 pytestmark = pytest.mark.integration
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (make install-vllm)"
@@ -127,7 +129,7 @@ def test_sampled_logprobs_are_the_trainers_at_the_temperature(engine_and_policie
 def test_each_agent_and_the_base_are_served(engine_and_policies: Any) -> None:
     engine, policies = engine_and_policies
     prompts = _prompts(policies)
-    comps = [s.completion_ids for s in policies.generate(None, prompts, 8)]
+    comps = [s.completion_ids for s in HfEngine(policies).generate(None, prompts, 8)]
     served = {a: engine.logprobs_of(a, prompts, comps) for a in [None, *policies.agents]}
     for agent, logps in served.items():
         assert _max_gap(logps, _trainer_logprobs(policies, agent, prompts, comps, 1.0)) < ATOL
@@ -143,7 +145,7 @@ def test_greedy_stop_token_and_truncation(engine_and_policies: Any) -> None:
     engine, policies = engine_and_policies
     prompts = _prompts(policies)
     agent = policies.agents[1]
-    hf = policies.generate(agent, prompts, 12, temperature=0.7, greedy=True)
+    hf = HfEngine(policies).generate(agent, prompts, 12, temperature=0.7, greedy=True)
     got = engine.generate(agent, prompts, 12, temperature=0.7, greedy=True)
     assert [s.completion_ids for s in got] == [s.completion_ids for s in hf]
     # Greedy log-probs are recorded at the temperature, as the hf engine records them.

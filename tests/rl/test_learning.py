@@ -1,5 +1,5 @@
 """The update on a real (tiny, random) model: it pushes the right way, and only where it
-should. Completions are really sampled (``AgentPolicies.generate``), so the sampling
+should. Completions are really sampled (the hf engine, ``HfEngine.generate``), so the sampling
 log-probs are the sampler's own, not the trainer's."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mappa.config import LoraConfig, RLConfig
+from mappa.models.hf_engine import HfEngine
 from mappa.models.loading import load_base
 from mappa.models.policies import AgentPolicies
 from mappa.records import Action, Episode, Score
@@ -56,7 +57,7 @@ def _episodes(
     ]
     torch.manual_seed(seed)
     for agent, values in scores.items():
-        samples = policies.generate(agent, prompts, max_new_tokens=8, temperature=1.0)
+        samples = HfEngine(policies).generate(agent, prompts, max_new_tokens=8, temperature=1.0)
         for ep, s, v in zip(episodes, samples, values, strict=True):
             ep.actions.append(
                 Action(

@@ -4,7 +4,7 @@ Refactors must not change behaviour: this run exercises task generation, prompt 
 sampling, the sandbox, the local coach and two REINFORCE++ updates (the second step samples
 from the adapters the first step trained), so any change on that path shows up here as a
 different token or score. When a change is *meant* to alter the numbers (a fix to the
-update, say), regenerate the file with ``MAPPA_UPDATE_GOLDEN=1 pytest tests/test_golden_run.py``
+update, say), regenerate the file with ``MAPPA_UPDATE_GOLDEN=1 pytest tests/run/test_golden_run.py``
 and say why in the commit.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_run_config
 
-GOLDEN = Path(__file__).parent / "data" / "golden_tiny_run.json"
+GOLDEN = Path(__file__).parents[1] / "data" / "golden_tiny_run.json"
 
 
 def _fingerprint(episodes_path: Path) -> list[dict[str, object]]:

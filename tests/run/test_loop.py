@@ -246,7 +246,9 @@ class FakeSeparateHfEngine:
         self.policies, self.shares_trainer = policies, shares_trainer
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
-        return self.policies.generate(*args, **kwargs)
+        from mappa.models.hf_engine import HfEngine
+
+        return HfEngine(self.policies).generate(*args, **kwargs)
 
     def sync(self, source: Any, step: int) -> None:
         pass
@@ -261,11 +263,12 @@ class FakeSeparateHfEngine:
 def test_which_samplers_are_the_trainers_own_modules() -> None:
     from types import SimpleNamespace
 
+    from mappa.models.hf_engine import HfEngine
     from mappa.run.loop import samples_from_trainer
 
     policies = object()
-    here = SimpleNamespace(policies=policies, engine=policies)  # in-process hf: the policies
-    assert samples_from_trainer(here)  # type: ignore[arg-type]
+    here = SimpleNamespace(policies=policies, engine=HfEngine(policies))  # type: ignore[arg-type]
+    assert samples_from_trainer(here)  # type: ignore[arg-type]  # in-process hf: the policies
     separate = SimpleNamespace(policies=policies, engine=FakeSeparateHfEngine(policies))
     assert not samples_from_trainer(separate)  # type: ignore[arg-type]
     trainers = FakeSeparateHfEngine(policies, shares_trainer=True)  # cluster.engines: trainer

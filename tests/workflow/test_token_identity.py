@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from mappa.coach.base import build_context
 from mappa.config import RLConfig
+from mappa.models.hf_engine import HfEngine
 from mappa.models.interface import TokenLogprobs
 from mappa.models.loading import convert_gguf, load_base
 from mappa.models.policies import AgentPolicies
@@ -172,14 +173,15 @@ def test_sampling_logprobs_match_training_logprobs_across_a_tool_turn(tiny: Agen
     prompts = [
         chat.first_prompt("You are the Code Executor.", f"Compute {i} + 5.") for i in range(3)
     ]
-    first = tiny.generate("code_executor", prompts, max_new_tokens=10)
+    engine = HfEngine(tiny)
+    first = engine.generate("code_executor", prompts, max_new_tokens=10)
     second_prompts = [
         s.prompt_ids
         + s.completion_ids
         + chat.tool_turn("Code output:\n17", last_token=s.completion_ids[-1])
         for s in first
     ]
-    second = tiny.generate("code_executor", second_prompts, max_new_tokens=10)
+    second = engine.generate("code_executor", second_prompts, max_new_tokens=10)
     for batch in (first, second):
         lp = tiny.completion_logprobs(
             "code_executor", [s.prompt_ids for s in batch], [s.completion_ids for s in batch]

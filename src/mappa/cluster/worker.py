@@ -210,7 +210,7 @@ class PolicyWorker:
 
     def close(self) -> None:
         """End what the engine started (a vLLM engine's process); the actor is killed next."""
-        if self.engine is not None and self.engine is not self.policies:
+        if self.engine is not None:
             self.engine.close()
 
 

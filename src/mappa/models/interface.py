@@ -83,6 +83,10 @@ class RolloutEngine(SamplingPolicy, Protocol):
     engine that samples from the trained modules themselves has nothing to do there."""
 
     name: str
+    shares_trainer: bool
+    """Whether ``generate`` runs on the very modules the update trains (the hf engine in the
+    trainer's process), rather than on a copy synced from them: only then can the sampling
+    log-probs stand in for the old policy's (``rl.recompute_old_logprobs: auto``)."""
 
     def sync(self, source: AdapterSource, step: int) -> None: ...
 

@@ -2,14 +2,12 @@
 
 Each agent has its own trainable weights (docs/design.md §1) but they share the base in
 memory; the reference policy for the KL penalty is the same base with adapters disabled,
-so no second copy of the model is ever held. Generation is a plain sampling loop rather
-than ``generate()`` so the log-probability of every sampled token is exactly that of the
-distribution it was drawn from (temperature only; no hidden top-k/top-p warpers).
+so no second copy of the model is ever held. The hf rollout engine (``hf_engine.py``)
+samples from these very modules; the vLLM engine from a copy it is synced with.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import warnings
 from collections.abc import Iterator, Sequence
@@ -18,119 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from mappa.config import LoraConfig as LoraSettings
 from mappa.config import reserved_name_problem
-from mappa.models.batching import token_batches
-from mappa.models.interface import Sample, TokenLogprobs
-
-
-def left_pad(
-    seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-pad token lists: (ids, attention mask, position ids), rows ending at the last column.
-
-    Generation, training log-probs and the local coach all use this one layout, so a token's
-    position ids (and hence its log-prob) are the same wherever it is computed.
-    """
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, s in enumerate(seqs):
-        if s:
-            ids[row, width - len(s) :] = torch.tensor(list(s), dtype=torch.long)
-            mask[row, width - len(s) :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return ids.to(device), mask.to(device), positions.to(device)
-
-
-LOGPROB_CHUNK_TOKENS = 512
-"""Completion tokens projected onto the vocabulary at once in ``completion_logprobs``: peak
-memory holds a few ``chunk x V`` float32 tensors (about 0.3 GB each for a 152k vocabulary)
-instead of ``B x T_c x V``."""
-
-
-def _chunk_logprobs(
-    head: torch.nn.Module,
-    hidden: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float,
-    softcap: float | None,
-    entropy_out: list[torch.Tensor] | None,
-) -> torch.Tensor:
-    """Log-prob of ``targets`` (N,) given final hidden states (N, H); the entropy of each
-    distribution goes to ``entropy_out`` (no grad: it is only a statistic). Under a
-    checkpoint this runs again in the backward pass, which must not append a second entropy.
-    """
-    logits = head(hidden)
-    if softcap is not None:  # Gemma-2 style final-logit soft-capping, as the model's forward
-        logits = torch.tanh(logits / softcap) * softcap
-    dist = F.log_softmax(logits.float() / temperature, dim=-1)
-    if entropy_out is not None and not entropy_out:
-        with torch.no_grad():
-            entropy_out.append(-(dist.exp() * dist).sum(-1))
-    return dist.gather(-1, targets[:, None]).squeeze(-1)
-
-
-def token_logprobs(
-    head: torch.nn.Module,
-    hidden: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    chunk_tokens: int = LOGPROB_CHUNK_TOKENS,
-    softcap: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (N,) and entropies of ``head(hidden)``, ``chunk_tokens`` rows at a time.
-
-    The vocabulary-sized tensors exist for one chunk only: with grad enabled each chunk is
-    checkpointed, so the backward pass recomputes that chunk's logits instead of keeping
-    them, and the log-probs stay differentiable w.r.t. ``hidden`` (and the head's weights).
-    """
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    grad = torch.is_grad_enabled() and (
-        hidden.requires_grad or any(p.requires_grad for p in head.parameters())
-    )
-    logps, entropies = [], []
-    for start in range(0, hidden.shape[0], chunk_tokens):
-        h, t = hidden[start : start + chunk_tokens], targets[start : start + chunk_tokens]
-        out: list[torch.Tensor] | None = [] if with_entropy else None
-        args = (head, h, t, temperature, softcap, out)
-        lp = (
-            checkpoint(_chunk_logprobs, *args, use_reentrant=False)
-            if grad
-            else _chunk_logprobs(*args)
-        )
-        logps.append(lp)
-        if out:
-            entropies.append(out[0])
-    empty = hidden.new_zeros(0, dtype=torch.float32)
-    logp = torch.cat(logps) if logps else empty
-    entropy = (torch.cat(entropies) if entropies else empty) if with_entropy else None
-    return logp, entropy
-
-
-@functools.cache
-def _cache_name() -> str:
-    """The KV cache's name in a forward's arguments and outputs: ``cache`` in newer
-    transformers (5.24), ``past_key_values`` in older ones (5.19, which the vllm extra pins)."""
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
-    fields = CausalLMOutputWithPast.__dataclass_fields__
-    return "cache" if "cache" in fields else "past_key_values"
-
-
-def kv_cache(out: Any) -> Any:
-    """The KV cache a forward with ``use_cache=True`` returned (any transformers 5)."""
-    return getattr(out, _cache_name())
-
-
-def with_cache(cache: Any) -> dict[str, Any]:
-    """``cache`` as a forward's keyword argument: ``model(..., **with_cache(cache))``."""
-    return {_cache_name(): cache}
+from mappa.models.interface import TokenLogprobs
+from mappa.models.tensors import LOGPROB_CHUNK_TOKENS, left_pad, token_logprobs
 
 
 def _checkpoint_layers(model: Any) -> None:
@@ -335,98 +225,6 @@ class AgentPolicies:
         for p in self.adapter_parameters(agent):
             p.requires_grad_(True)
         yield
-
-    # ----------------------------------------------------------------- sampling
-    name = "hf"
-    """As a ``RolloutEngine`` (``rollout.engine: hf``): the trained model samples itself."""
-
-    def sync(self, source: object, step: int) -> None:
-        """Nothing to publish: generation runs on the very modules the update trained."""
-        if source is not self:
-            raise ValueError("the hf engine samples from its own adapters; sync it with itself")
-
-    def release(self) -> None:
-        """Nothing to free: the engine is the trainer's own model."""
-
-    def close(self) -> None:
-        """Nothing to release: the model belongs to the trainer."""
-
-    @torch.no_grad()
-    def generate(
-        self,
-        agent: str | None,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        batch_size: int = 8,
-        greedy: bool = False,
-    ) -> list[Sample]:
-        """Sample one completion per prompt; returns the ids and their sampling log-probs.
-
-        Prompts are batched by length (longest first), so a batch pads little; the samples
-        come back in the order of ``prompts``.
-        """
-        out: dict[int, Sample] = {}
-        with self.use(agent):
-            for rows in token_batches([len(p) for p in prompts], batch_size):
-                batch = [prompts[r] for r in rows]
-                samples = self._generate_batch(batch, max_new_tokens, temperature, greedy)
-                out.update(zip(rows, samples, strict=True))
-        return [out[i] for i in range(len(prompts))]
-
-    def _generate_batch(
-        self,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float,
-        greedy: bool,
-    ) -> list[Sample]:
-        """Sample a batch; a row that has sampled a stop token leaves the batch (its cache
-        rows are dropped), so no forward pass is spent on finished completions."""
-        ids, mask, positions = left_pad(prompts, self.tokenizer.pad_token_id, self.device)
-        stop = torch.tensor(sorted(self.stop_ids), device=self.device)
-        tokens: list[list[int]] = [[] for _ in prompts]
-        logps: list[list[float]] = [[] for _ in prompts]
-        live = list(range(len(prompts)))  # batch row -> prompt index
-        # Prefill: only the last position's logits are needed (logits_to_keep=1); a long
-        # prompt must not hold a vocabulary-sized row per token.
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        next_pos = positions[:, -1:] + 1
-        for _ in range(max_new_tokens):
-            logp = F.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
-            tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
-            tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1)
-            for row, (t, lp) in enumerate(zip(tok.tolist(), tok_logp.tolist(), strict=True)):
-                tokens[live[row]].append(t)
-                logps[live[row]].append(lp)
-            going = ~torch.isin(tok, stop)
-            if not bool(going.any()):
-                break
-            if not bool(going.all()):
-                keep = going.nonzero().squeeze(-1)
-                kv_cache(out).batch_select_indices(keep)
-                live = [live[r] for r in keep.tolist()]
-                tok, mask, next_pos = tok[keep], mask[keep], next_pos[keep]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-            out = self.model(
-                input_ids=tok[:, None],
-                attention_mask=mask,
-                position_ids=next_pos,
-                **with_cache(kv_cache(out)),
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            next_pos = next_pos + 1
-        return [
-            Sample(list(p), seq, lp, truncated=not seq or seq[-1] not in self.stop_ids)
-            for p, seq, lp in zip(prompts, tokens, logps, strict=True)
-        ]
 
     # ----------------------------------------------------------------- scoring
     logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mappa.models.batching import token_batches
-from mappa.models.policies import kv_cache, left_pad, with_cache
 from mappa.models.score_tokens import ScoreTokens, score_prompt_ids, score_tokens, split_ten
+from mappa.models.tensors import kv_cache, left_pad, with_cache
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:

@@ -101,6 +101,7 @@ class VllmEngine:
     """
 
     name = "vllm"
+    shares_trainer = False  # a copy of the weights, synced from the trainer
 
     def __init__(
         self,

@@ -222,11 +222,13 @@ def sampling_params(cfg: RunConfig) -> dict[Phase, SamplingParams]:
 def make_engine(cfg: RunConfig, policies: AgentPolicies) -> RolloutEngine:
     """The rollout's sampler (``rollout.engine``), holding ``policies``' current adapters.
 
-    ``hf`` is ``policies`` itself. ``vllm`` is a separate in-process engine over the same base
-    model, given the adapters now and by ``sync`` after every update.
+    ``hf`` samples from ``policies``' own modules. ``vllm`` is a separate in-process engine
+    over the same base model, given the adapters now and by ``sync`` after every update.
     """
     if cfg.rollout.engine == "hf":
-        return policies
+        from mappa.models.hf_engine import HfEngine
+
+        return HfEngine(policies)
     from mappa.models.vllm_engine import VllmEngine
 
     engine = VllmEngine(

@@ -73,12 +73,11 @@ def recomputes_old_logprobs(
 
 
 def samples_from_trainer(models: RunModels) -> bool:
-    """Whether the rollout samples from the very modules the update trains: in one process
-    the hf engine is the policies themselves; with Ray only ``cluster.engines: trainer``
-    (``RemoteEngine.shares_trainer``), while separate engine actors (``one``, ``per_agent``)
-    hold copies of the weights. Duck-typed: ``mappa.cluster`` imports Ray, an extra."""
-    engine = models.engine
-    return engine is models.policies or getattr(engine, "shares_trainer", False) is True
+    """Whether the rollout samples from the very modules the update trains
+    (``RolloutEngine.shares_trainer``): the in-process hf engine does; with Ray only
+    ``cluster.engines: trainer``, while separate engine actors (``one``, ``per_agent``) and
+    vLLM hold copies of the weights."""
+    return models.engine.shares_trainer
 
 
 def _models(cfg: RunConfig, policies: AgentPolicies | None) -> RunModels:

@@ -1,0 +1,124 @@
+"""The ``hf`` rollout engine (``rollout.engine: hf``): the trained model samples itself.
+
+A peer of the vLLM engine (``vllm_engine.py``) behind ``RolloutEngine``, over the very
+modules the update trains (``AgentPolicies``): nothing is published on ``sync`` and
+nothing freed on ``release``. Generation is a plain sampling loop rather than transformers'
+``generate()`` so the log-probability of every sampled token is exactly that of the
+distribution it was drawn from (temperature only; no hidden top-k/top-p warpers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from mappa.models.batching import token_batches
+from mappa.models.interface import Sample
+from mappa.models.policies import AgentPolicies
+from mappa.models.tensors import kv_cache, left_pad, with_cache
+
+
+class HfEngine:
+    """Samples from ``policies``' own modules, with the adapter of the agent asked for."""
+
+    name = "hf"
+    shares_trainer = True
+    """The rollout samples from the very modules the update trains (``rl.recompute_old_logprobs:
+    auto`` asks; a Ray engine actor says the same only for ``cluster.engines: trainer``)."""
+
+    def __init__(self, policies: AgentPolicies) -> None:
+        self.policies = policies
+
+    def sync(self, source: object, step: int) -> None:
+        """Nothing to publish: generation runs on the very modules the update trained."""
+        if source is not self.policies:
+            raise ValueError(
+                "the hf engine samples from its trainer's own adapters; sync it with them"
+            )
+
+    def release(self) -> None:
+        """Nothing to free: the engine is the trainer's own model."""
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to the trainer."""
+
+    @torch.no_grad()
+    def generate(
+        self,
+        agent: str | None,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        batch_size: int = 8,
+        greedy: bool = False,
+    ) -> list[Sample]:
+        """Sample one completion per prompt; returns the ids and their sampling log-probs.
+
+        Prompts are batched by length (longest first), so a batch pads little; the samples
+        come back in the order of ``prompts``.
+        """
+        out: dict[int, Sample] = {}
+        with self.policies.use(agent):
+            for rows in token_batches([len(p) for p in prompts], batch_size):
+                batch = [prompts[r] for r in rows]
+                samples = self._generate_batch(batch, max_new_tokens, temperature, greedy)
+                out.update(zip(rows, samples, strict=True))
+        return [out[i] for i in range(len(prompts))]
+
+    def _generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float,
+        greedy: bool,
+    ) -> list[Sample]:
+        """Sample a batch; a row that has sampled a stop token leaves the batch (its cache
+        rows are dropped), so no forward pass is spent on finished completions."""
+        ids, mask, positions = left_pad(
+            prompts, self.policies.tokenizer.pad_token_id, self.policies.device
+        )
+        stop = torch.tensor(sorted(self.policies.stop_ids), device=self.policies.device)
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logps: list[list[float]] = [[] for _ in prompts]
+        live = list(range(len(prompts)))  # batch row -> prompt index
+        # Prefill: only the last position's logits are needed (logits_to_keep=1); a long
+        # prompt must not hold a vocabulary-sized row per token.
+        out = self.policies.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        next_pos = positions[:, -1:] + 1
+        for _ in range(max_new_tokens):
+            logp = F.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
+            tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
+            tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1)
+            for row, (t, lp) in enumerate(zip(tok.tolist(), tok_logp.tolist(), strict=True)):
+                tokens[live[row]].append(t)
+                logps[live[row]].append(lp)
+            going = ~torch.isin(tok, stop)
+            if not bool(going.any()):
+                break
+            if not bool(going.all()):
+                keep = going.nonzero().squeeze(-1)
+                kv_cache(out).batch_select_indices(keep)
+                live = [live[r] for r in keep.tolist()]
+                tok, mask, next_pos = tok[keep], mask[keep], next_pos[keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+            out = self.policies.model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=next_pos,
+                **with_cache(kv_cache(out)),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            next_pos = next_pos + 1
+        return [
+            Sample(list(p), seq, lp, truncated=not seq or seq[-1] not in self.policies.stop_ids)
+            for p, seq, lp in zip(prompts, tokens, logps, strict=True)
+        ]
