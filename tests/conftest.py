@@ -139,14 +139,18 @@ def lora_policies(model_dir: Path):  # -> AgentPolicies
     starts at zero), so the adapters and their gradients matter. Seed 1: the three prompts of
     ``prompts_and_completions`` continue differently under greedy decoding (with seed 0 all
     repeat one token, and a test needs a stop token that only one row samples)."""
-    import torch
-
     from mappa.config import LoraConfig
     from mappa.models.loading import load_base
     from mappa.models.policies import AgentPolicies
 
     base, tok = load_base(str(model_dir), "float32", "cpu")
-    pol = AgentPolicies(base, tok, ["solver", "checker"], LoraConfig(), seed=1)
+    return randomize_lora_b(AgentPolicies(base, tok, ["solver", "checker"], LoraConfig(), seed=1))
+
+
+def randomize_lora_b(pol):  # (AgentPolicies) -> AgentPolicies
+    """Every LoRA B matrix of ``pol`` drawn at random (seeded), in place."""
+    import torch
+
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in pol.model.named_parameters():
