@@ -17,11 +17,14 @@ no state carried over) and prints one JSON line; this script gathers them:
   by ``--vllm-python``);
 - P5: one sandboxed execution of ``print(1)`` (bwrap, else process) vs a bare ``python -c``;
 - demo step: per-phase seconds of a demo step at a baseline commit vs the working tree,
-  same config (``--baseline``; each runs ``mappa train`` from its own source tree).
+  same config (``--baseline``; each runs ``mappa train`` from its own source tree);
+- dtype: per-phase seconds of a step with ``model.dtype: float32`` vs ``auto`` (bfloat16 on
+  a CPU with bfloat16 instructions), for the demo and, when its model and llama.cpp are
+  installed, one step of the CPU experiment's run config.
 
 Run it alone; any other CPU job on a 2-core machine distorts every figure.
 
-    .venv/bin/python benchmarks/run.py [--only P1,P2,P3,P4,P5,demo] [--baseline b30a0bf] [--quick]
+    .venv/bin/python benchmarks/run.py [--only P1,...,demo,dtype] [--baseline b30a0bf] [--quick]
 """
 
 from __future__ import annotations
@@ -44,7 +47,21 @@ DEMO_OVERRIDES = ["train.prompts_per_step=4", "train.samples_per_prompt=2"]
 """Both commits' demo configs with the 8 episodes a step the speed issue measured."""
 
 
+QWEN_CPU_CONFIG = "configs/mathchat_qwen_cpu.yaml"
+"""The CPU experiment's run config (its steps: 4 episodes, the llama.cpp coach)."""
+
 TASK = "A shop sells 17 apples in the morning and 25 in the afternoon. How many in all?"
+
+
+def _installed(model_package: str) -> bool:
+    """A ``pypi:`` model of ``model.path`` is installed (all its parts)."""
+    from mappa.models.packages import require_installed
+
+    try:
+        require_installed(model_package)
+    except (ValueError, OSError):
+        return False
+    return True
 
 
 def _peak_mib() -> float:
@@ -408,10 +425,11 @@ def measure_sandbox(quick: bool) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- demo step
-def measure_demo(rev: str | None, steps: int) -> dict[str, Any]:
-    """Mean per-phase seconds of ``steps`` demo steps (metrics.jsonl), from the source tree
-    of ``rev`` (a git worktree) or of the working tree (``None``), with the coach's score cache
-    off so that every step asks the coach."""
+def measure_step(rev: str | None, steps: int, config: str, overrides: list[str]) -> dict[str, Any]:
+    """Mean per-phase seconds of ``steps`` training steps (metrics.jsonl) of ``config`` (``-``:
+    the demo's, with ``DEMO_OVERRIDES``) and ``overrides``, from the source tree of ``rev`` (a
+    git worktree) or of the working tree (``None``), with the coach's score cache off so that
+    every step asks the coach."""
     with tempfile.TemporaryDirectory(prefix="mappa-bench-") as tmp:
         src = ROOT
         if rev is not None:
@@ -428,7 +446,8 @@ def measure_demo(rev: str | None, steps: int) -> dict[str, Any]:
             "-m",
             "mappa.cli",
             "train",
-            *DEMO_OVERRIDES,
+            *(DEMO_OVERRIDES if config == "-" else ["--config", str(ROOT / config)]),
+            *overrides,
             f"train.steps={steps}",
             f"run_dir={run_dir}",
             "coach.cache.mode=off",
@@ -436,7 +455,7 @@ def measure_demo(rev: str | None, steps: int) -> dict[str, Any]:
         try:
             proc = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise RuntimeError(f"demo at {rev or 'HEAD'} failed:\n{proc.stderr[-3000:]}")
+                raise RuntimeError(f"{config} at {rev or 'HEAD'} failed:\n{proc.stderr[-3000:]}")
             rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
         finally:
             if rev is not None:
@@ -493,7 +512,7 @@ def _skipped(name: str, why: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="P1,P2,P3,P4,P5,demo", help="comma-separated figures")
+    ap.add_argument("--only", default="P1,P2,P3,P4,P5,demo,dtype", help="comma-separated figures")
     ap.add_argument("--baseline", default="b30a0bf", help="commit the demo step is compared to")
     ap.add_argument("--demo-steps", type=int, default=2, help="demo steps timed per commit")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness only")
@@ -522,7 +541,8 @@ def main() -> None:
         elif kind == "sandbox":
             result = measure_sandbox(args.quick)
         else:
-            result = measure_demo(None if rest[0] == "-" else rest[0], int(rest[1]))
+            rev, steps, config, *overrides = rest
+            result = measure_step(None if rev == "-" else rev, int(steps), config, overrides)
         print(json.dumps(result))
         return
 
@@ -626,8 +646,8 @@ def main() -> None:
         )
     if "demo" in only:
         steps = "1" if args.quick else str(args.demo_steps)
-        old = _child(["demo", args.baseline, steps])
-        new = _child(["demo", "-", steps])
+        old = _child(["step", args.baseline, steps, "-"])
+        new = _child(["step", "-", steps, "-"])
         raw["demo"] = [old, new]
         rows.append(
             _row(
@@ -649,6 +669,33 @@ def main() -> None:
                     inverse=True,
                 )
             )
+    if "dtype" in only:
+        raw["dtype"] = []
+        runs = {"demo": "-"}
+        if importlib.util.find_spec("llama_cpp") and _installed("qwen2.5-coder-0.5b-instruct"):
+            runs["CPU experiment"] = QWEN_CPU_CONFIG
+        else:
+            rows.append(
+                _skipped("dtype", "CPU experiment: needs make install-qwen install-coach-server")
+            )
+        for label, config in runs.items():
+            steps = "1" if args.quick or config != "-" else str(args.demo_steps)
+            f32, auto = (
+                _child(["step", "-", steps, config, f"model.dtype={d}"])
+                for d in ("float32", "auto")
+            )
+            raw["dtype"].append({"config": config, "float32": f32, "auto": auto})
+            for key in ("rollout_s", "coach_s", "update_s", "step_s"):
+                rows.append(
+                    _row(
+                        "dtype",
+                        f"{label} {key}, model.dtype float32 vs auto (s; ratio = speedup)",
+                        auto[key],
+                        f32[key],
+                        ">= 2.5x" if key == "step_s" else "",
+                        inverse=True,
+                    )
+                )
     print("\n".join(rows))
     print(f"\nload average at the end: {os.getloadavg()}; {os.cpu_count()} CPUs")
     print(json.dumps(raw), file=sys.stderr)

@@ -67,10 +67,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tiny_run_config(model_dir: Path, run_dir: Path, *overrides: str):  # -> RunConfig
-    """The demo config, shrunk to the tiny model: fast, and every completion trained on. Its
-    random weights put little mass on the scores and spread them by thousandths of a point,
-    so the coach's low-mass flag and the minimum reward spread are off: these runs test the
-    machinery, not the coach."""
+    """The demo config, shrunk to the tiny model in float32: fast, and every completion
+    trained on. Its random weights put little mass on the scores and spread them by
+    thousandths of a point, so the coach's low-mass flag and the minimum reward spread are
+    off: these runs test the machinery, not the coach."""
     from mappa.cli import default_config
     from mappa.config import load_config
 
@@ -78,6 +78,7 @@ def tiny_run_config(model_dir: Path, run_dir: Path, *overrides: str):  # -> RunC
         default_config(),
         [
             f"model.path={model_dir}",
+            "model.dtype=float32",  # the same numbers on every CPU (auto picks by instructions)
             f"run_dir={run_dir}",
             "rollout.max_new_tokens=12",
             "rollout.max_prompt_tokens=4096",

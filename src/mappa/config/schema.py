@@ -50,7 +50,11 @@ class ModelConfig(Strict):
         ),
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="`auto`: bfloat16 on a GPU that supports it, else float32."
+        "auto",
+        description="The base model's dtype. `auto`: bfloat16 on a GPU that supports it and "
+        "on a CPU with bfloat16 instructions (AMX, AVX512-BF16, Arm BF16), float32 elsewhere; "
+        "the run log says which and why. The LoRA matrices, their gradients and Adam's state "
+        "stay float32 whatever the base's dtype.",
     )
     device: str = Field("auto", description="`auto`, `cpu`, `cuda`, `cuda:1`, ...")
     lora: LoraConfig = Field(default_factory=LoraConfig)

@@ -73,12 +73,44 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def cpu_bf16_instructions(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The instructions this CPU multiplies bfloat16 with natively (``AMX``, ``AVX512-BF16``,
+    Arm's ``BF16``), or None. Without them torch emulates bfloat16 in float32 registers and a
+    half-precision matrix product is no faster, only less exact."""
+    probes = (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
+    for name, probe in probes:
+        if getattr(torch.cpu, probe, lambda: False)():
+            return name
+    try:  # aarch64 (Graviton 3+, Neoverse V1/N2, Apple M2+ under Linux)
+        flags = cpuinfo.read_text()
+    except OSError:
+        return None
+    features = {
+        w for line in flags.splitlines() if line.startswith("Features") for w in line.split()
+    }
+    return "BF16" if "bf16" in features else None
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    return getattr(torch, dtype)
+    """``model.dtype`` as a torch dtype; ``auto`` is bfloat16 on a GPU that supports it and on
+    a CPU with bfloat16 instructions (``cpu_bf16_instructions``), float32 elsewhere."""
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    return torch.bfloat16 if auto_dtype_reason(device)[0] else torch.float32
+
+
+def auto_dtype_reason(device: torch.device) -> tuple[bool, str]:
+    """Whether ``model.dtype: auto`` picks bfloat16 on ``device``, and why (for the run log)."""
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return True, "the GPU supports bfloat16"
+        return False, "this GPU has no bfloat16"
+    if device.type == "cpu":
+        found = cpu_bf16_instructions()
+        if found:
+            return True, f"the CPU has {found} instructions"
+        return False, "the CPU has no bfloat16 instructions (AMX, AVX512-BF16, Arm BF16)"
+    return False, f"bfloat16 is not chosen automatically on {device.type}"
 
 
 def load_base(path: str, dtype: str = "auto", device: str = "auto") -> tuple[Any, Any]:
@@ -87,7 +119,10 @@ def load_base(path: str, dtype: str = "auto", device: str = "auto") -> tuple[Any
 
     local = resolve_model_path(path)
     dev = resolve_device(device)
-    model = AutoModelForCausalLM.from_pretrained(local, dtype=resolve_dtype(dtype, dev))
+    torch_dtype = resolve_dtype(dtype, dev)
+    if dtype == "auto":
+        log.info("model.dtype auto: %s on %s (%s)", torch_dtype, dev, auto_dtype_reason(dev)[1])
+    model = AutoModelForCausalLM.from_pretrained(local, dtype=torch_dtype)
     tokenizer = AutoTokenizer.from_pretrained(local)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
