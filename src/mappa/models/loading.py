@@ -113,6 +113,16 @@ def auto_dtype_reason(device: torch.device) -> tuple[bool, str]:
     return False, f"bfloat16 is not chosen automatically on {device.type}"
 
 
+def _contiguous_input(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The output head's input, made contiguous. transformers slices the last position out
+    of the prefill's hidden states (``logits_to_keep``), a strided view; torch's CPU
+    bfloat16 ``linear`` on a strided 3-D input falls back to a batched product that copies
+    the whole vocabulary matrix once per row, far slower than on the same rows contiguous
+    (docs/benchmarks.md). A contiguous input passes through untouched."""
+    hidden, *rest = args
+    return (hidden.contiguous(), *rest)
+
+
 def load_base(path: str, dtype: str = "auto", device: str = "auto") -> tuple[Any, Any]:
     """Load (model, tokenizer); the model is in eval mode with every weight frozen."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -130,4 +140,7 @@ def load_base(path: str, dtype: str = "auto", device: str = "auto") -> tuple[Any
         raise ValueError(f"{path}: tokenizer has no chat template; agents need a chat model")
     torch.nn.Module.to(model, dev).eval()  # (transformers' decorated .to() defeats mypy)
     model.requires_grad_(False)
+    head = model.get_output_embeddings()
+    if head is not None:
+        head.register_forward_pre_hook(_contiguous_input)
     return model, tokenizer
