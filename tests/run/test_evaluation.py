@@ -117,6 +117,32 @@ def test_overlapping_eval_set_stops_unless_allowed(
     assert json.loads((tmp_path / "out" / "eval.json").read_text())["tasks"] == 3
 
 
+def test_the_untrained_team_is_evaluated_first_with_eval_at_start(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """``eval.at_start``: the held-out set before the first update, on step 0's line as
+    ``eval_start/...`` and as step -1 episodes; the summary compares it with the last
+    evaluation. A resumed run does not evaluate the start again."""
+    from mappa.report.summary import run_summary
+
+    args = ["train.save_every=1", "eval.every=2", "eval.at_start=true", "eval.num_tasks=2"]
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.steps=1", *args)
+    run_dir = train(cfg)
+    held = run_dir / "heldout_episodes.jsonl"
+    [line] = read_jsonl(run_dir / "metrics.jsonl")
+    assert line["step"] == 0 and line["eval_start/tasks"] == 2 and line["eval_start/graded"] == 2
+    assert 0.0 <= line["eval_start/accuracy"] <= 1.0 and line["eval_start_s"] > 0
+    assert "eval/accuracy" in line  # the last step is evaluated too
+    assert [e.step for e in read_episodes(held)] == [-1, -1, 0, 0]
+    names = [a.name for a in cfg.agents]
+    assert "held-out accuracy, untrained -> after step 0: " in run_summary(run_dir, names)
+    longer = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.steps=2", *args)
+    train(longer, resume=run_dir)
+    lines = read_jsonl(run_dir / "metrics.jsonl")
+    assert ["eval_start/accuracy" in m for m in lines] == [True, False]
+    assert [e.step for e in read_episodes(held)] == [-1, -1, 0, 0, 1, 1]
+
+
 def test_training_logs_held_out_metrics_every_eval_every_steps(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -266,6 +266,12 @@ class EvalConfig(Strict):
         description="Evaluate on the held-out set every N training steps and after "
         "the last one, logging `eval/...` metrics (0: never during training).",
     )
+    at_start: bool = Field(
+        False,
+        description="Also evaluate the untrained team before the first step: its metrics go "
+        "on step 0's line as `eval_start/...` (its episodes to heldout_episodes.jsonl as step "
+        "-1), and the end-of-run summary compares it with the last evaluation.",
+    )
     samples: int = Field(
         1, ge=1, description="k: samples per held-out problem; reports avg@k and pass@k."
     )

@@ -137,8 +137,8 @@ def evaluate(
 
 class TrainingEvaluator:
     """Held-out evaluation inside the training loop: every ``eval.every`` steps (and after
-    the last) the held-out metrics as ``eval/...`` keys, episodes to
-    ``heldout_episodes.jsonl``.
+    the last) the held-out metrics as ``eval/...`` keys, and with ``eval.at_start`` the
+    untrained team's as ``eval_start/...``; episodes to ``heldout_episodes.jsonl``.
 
     Built before the model loads, so an overlapping held-out set stops the run at once.
     """
@@ -146,7 +146,8 @@ class TrainingEvaluator:
     def __init__(self, cfg: RunConfig, train_tasks: Sequence[Task], run_dir: Path) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
-        self.tasks = checked_heldout(cfg, train_tasks=train_tasks) if cfg.eval.every else []
+        wanted = cfg.eval.every or cfg.eval.at_start
+        self.tasks = checked_heldout(cfg, train_tasks=train_tasks) if wanted else []
 
     def due(self, step: int) -> bool:
         every = self.cfg.eval.every
@@ -156,14 +157,24 @@ class TrainingEvaluator:
         """Metrics to add to the step's line in ``metrics.jsonl`` (none when not due)."""
         if not self.due(step):
             return {}
+        return self._evaluate(step, rollout, "eval")
+
+    def at_start(self, rollout: Rollout) -> dict[str, Any]:
+        """The untrained team's held-out metrics as ``eval_start/...`` keys for step 0's line
+        (``eval.at_start``; none otherwise); its episodes are recorded as step -1."""
+        if not self.cfg.eval.at_start:
+            return {}
+        return self._evaluate(-1, rollout, "eval_start")
+
+    def _evaluate(self, step: int, rollout: Rollout, prefix: str) -> dict[str, Any]:
         start = time.monotonic()
         metrics, heldout, _ = run_heldout(self.cfg, rollout, self.tasks, step)
         append_episodes(self.run_dir / "heldout_episodes.jsonl", heldout)
-        out = {f"eval/{key}": value for key, value in metrics.items()}
-        out["eval_s"] = time.monotonic() - start
+        out = {f"{prefix}/{key}": value for key, value in metrics.items()}
+        out[f"{prefix}_s"] = time.monotonic() - start
         log.info(
-            "step %d held-out accuracy %.3f on %d tasks",
-            step,
+            "%s held-out accuracy %.3f on %d tasks",
+            "before training:" if step < 0 else f"step {step}",
             metrics["accuracy"] or 0.0,
             len(self.tasks),
         )

@@ -143,6 +143,7 @@ def train(
             engine.sync(adapters, start)  # the restored adapters
             signal_watch.replay(read_jsonl(run_dir / "metrics.jsonl"))  # cut back to ``start``
         saved = start if resume is not None else -1
+        before = evaluator.at_start(runner) if start == 0 else {}  # goes on step 0's line
         for step in tqdm(range(start, cfg.train.steps), desc="train", unit="step"):
             rollout = runner.run(RolloutInput(next(batches), step, "train"))
             checkpoint.pause_point("rollout", step)
@@ -158,6 +159,8 @@ def train(
             coach_guard.observe(scores)
 
             metrics = rollout_metrics(step, episodes, scores, cfg, signal_watch)
+            metrics.update(before)
+            before = {}
             engine.release()  # e.g. vLLM sleeps: its memory is the update's until the sync
             metrics.update(models.update(episodes, step, kl_ctl, recompute_old))
             engine.sync(adapters, step + 1)  # the next rollout samples the new adapters
