@@ -506,6 +506,22 @@ def _row(
     return f"| {name} | {what} | {a:.{digits}f} | {b:.{digits}f} | {ratio:.2f}x | {target} |"
 
 
+def _phase_rows(name: str, what: str, new: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    """A row per phase of a training step (``what`` names it with ``{}``), ``new`` against
+    ``old`` seconds; the ratio is the speedup, the step's against the 2.5x target."""
+    return [
+        _row(
+            name,
+            what.format(key) + " (s; ratio = speedup)",
+            new[key],
+            old[key],
+            ">= 2.5x" if key == "step_s" else "",
+            inverse=True,
+        )
+        for key in ("rollout_s", "coach_s", "update_s", "step_s")
+    ]
+
+
 def _skipped(name: str, why: str) -> str:
     return f"| {name} | {why} | | | - | skipped |"
 
@@ -658,17 +674,7 @@ def main() -> None:
                 old["rollout_tok_s"],
             )
         )
-        for key in ("rollout_s", "coach_s", "update_s", "step_s"):
-            rows.append(
-                _row(
-                    "demo",
-                    f"{key}, now vs {args.baseline} (s; ratio = speedup)",
-                    new[key],
-                    old[key],
-                    ">= 2.5x" if key == "step_s" else "",
-                    inverse=True,
-                )
-            )
+        rows += _phase_rows("demo", f"{{}}, now vs {args.baseline}", new, old)
     if "dtype" in only:
         raw["dtype"] = []
         runs = {"demo": "-"}
@@ -685,17 +691,7 @@ def main() -> None:
                 for d in ("float32", "auto")
             )
             raw["dtype"].append({"config": config, "float32": f32, "auto": auto})
-            for key in ("rollout_s", "coach_s", "update_s", "step_s"):
-                rows.append(
-                    _row(
-                        "dtype",
-                        f"{label} {key}, model.dtype float32 vs auto (s; ratio = speedup)",
-                        auto[key],
-                        f32[key],
-                        ">= 2.5x" if key == "step_s" else "",
-                        inverse=True,
-                    )
-                )
+            rows += _phase_rows("dtype", f"{label} {{}}, model.dtype float32 vs auto", auto, f32)
     print("\n".join(rows))
     print(f"\nload average at the end: {os.getloadavg()}; {os.cpu_count()} CPUs")
     print(json.dumps(raw), file=sys.stderr)
