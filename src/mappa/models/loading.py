@@ -93,10 +93,14 @@ def cpu_bf16_instructions(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``model.dtype`` as a torch dtype; ``auto`` is bfloat16 on a GPU that supports it and on
-    a CPU with bfloat16 instructions (``cpu_bf16_instructions``), float32 elsewhere."""
+    a CPU with bfloat16 instructions (``cpu_bf16_instructions``), float32 elsewhere; the
+    run log says which ``auto`` picked and why (the trainer's and the vLLM engine's load)."""
     if dtype != "auto":
         return getattr(torch, dtype)
-    return torch.bfloat16 if auto_dtype_reason(device)[0] else torch.float32
+    bf16, why = auto_dtype_reason(device)
+    picked = torch.bfloat16 if bf16 else torch.float32
+    log.info("model.dtype auto: %s on %s (%s)", picked, device, why)
+    return picked
 
 
 def auto_dtype_reason(device: torch.device) -> tuple[bool, str]:
@@ -129,10 +133,7 @@ def load_base(path: str, dtype: str = "auto", device: str = "auto") -> tuple[Any
 
     local = resolve_model_path(path)
     dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
-    if dtype == "auto":
-        log.info("model.dtype auto: %s on %s (%s)", torch_dtype, dev, auto_dtype_reason(dev)[1])
-    model = AutoModelForCausalLM.from_pretrained(local, dtype=torch_dtype)
+    model = AutoModelForCausalLM.from_pretrained(local, dtype=resolve_dtype(dtype, dev))
     tokenizer = AutoTokenizer.from_pretrained(local)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
