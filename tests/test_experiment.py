@@ -139,7 +139,7 @@ def _experiment(tmp_path: Path, text: str) -> Path:
 
 
 GOOD = """\
-    base: demo
+    base: smoke
     overrides: [eval.every=1, eval.num_tasks=4, tasks.num_tasks=16]
     seeds: [0, 1]
     arms:

