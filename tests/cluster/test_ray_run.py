@@ -194,15 +194,29 @@ def test_one_actor_for_everything_trains_as_one_process(
     assert_same_run(train(cfg), single_run)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "auto"])
 def test_the_papers_layout_trains_with_an_engine_per_agent(
-    tiny_model_dir: Path, tmp_path: Path, two_nodes: str, caplog: pytest.LogCaptureFixture
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    two_nodes: str,
+    caplog: pytest.LogCaptureFixture,
+    dtype: str,
 ) -> None:
     """``engines: per_agent``: each agent samples on its own engine, beside its trainer;
     every sync checks each engine holds its trainer's weights, so two steps finishing means
     step 1 sampled the adapters step 0 trained. Tokens differ from one process (each engine
-    has its own seed); the update still trains every agent."""
+    has its own seed); the update still trains every agent. Also in ``auto``, the shipped
+    configs' dtype (bfloat16 on a CPU with bfloat16 instructions): the engines' copies
+    then differ from the trainers' in rounding, and the update recomputes the old
+    log-probs."""
     caplog.set_level(logging.INFO, logger="mappa.cluster.launch")
-    cfg = ray_config(tiny_model_dir, tmp_path / "ray", two_nodes, "cluster.engines=per_agent")
+    cfg = ray_config(
+        tiny_model_dir,
+        tmp_path / "ray",
+        two_nodes,
+        "cluster.engines=per_agent",
+        f"model.dtype={dtype}",
+    )
     run_dir = train(cfg)
     nodes = _placements(caplog)
     for agent in AGENT_NODES:
@@ -212,6 +226,7 @@ def test_the_papers_layout_trains_with_an_engine_per_agent(
     for m in metrics:
         for agent in AGENT_NODES:
             assert m[f"rl/{agent}/skipped"] == "" and m[f"rl/{agent}/grad_norm"] > 0
+        assert 0 <= m["rl/logprob_gap_max"] < 0.05  # recomputed: engines hold copies
     for agent in AGENT_NODES:
         saved = load_file(run_dir / "adapters" / agent / "adapter_model.safetensors")
         assert any(t.abs().sum() > 0 for k, t in saved.items() if "lora_B" in k)
