@@ -59,5 +59,6 @@ def test_held_out_change_within_the_noise_and_without_a_start(tmp_path: Path) ->
     ]
     text = run_summary(_run(tmp_path, rows), AGENTS)
     assert "(3/16 -> 6/16 right, +0.19; within the noise of 16 problems" in text
+    assert "held-out: " not in text  # the change line replaces first -> last
     no_start = run_summary(_run(tmp_path, rows[1:]), AGENTS)
     assert "untrained" not in no_start and "held-out: 0.38 -> 0.38" in no_start

@@ -49,10 +49,11 @@ def run_summary(run_dir: Path, agents: Sequence[str]) -> str:
     """A ten-second summary of a finished run, from its ``metrics.jsonl``.
 
     Per agent: coach score at the first and the last step, and the actions trained on;
-    training and held-out accuracy, first and last, and the untrained team's against the
-    last (``heldout_change``); in how many (step, agent) pairs the
-    coach's scores carried signal and the mean probability it put on a score where it was
-    read (digit mass; ~1 for a coach that follows its template); where the run's files are.
+    training accuracy, first and last; held-out accuracy, the untrained team's against the
+    last (``heldout_change``) or else the first evaluation's against the last; in how many
+    (step, agent) pairs the coach's scores carried signal and the mean probability it put on
+    a score where it was read (digit mass; ~1 for a coach that follows its template); where
+    the run's files are.
     """
     rows = read_jsonl(run_dir / "metrics.jsonl")
     steps = len(rows)
@@ -67,11 +68,15 @@ def run_summary(run_dir: Path, agents: Sequence[str]) -> str:
         lines.append(
             f"    {agent:<{width}}  {_num(first)} -> {_num(last)}   {trained} trained{note}"
         )
-    for label, key in (("accuracy (training rollouts)", "accuracy"), ("held-out", "eval/accuracy")):
+    change = heldout_change(rows)
+    accuracies = [("accuracy (training rollouts)", "accuracy")]
+    if change is None:  # else the change line says it, from the untrained team on
+        accuracies.append(("held-out", "eval/accuracy"))
+    for label, key in accuracies:
         first, last = _first_last(rows, key)
         if first is not None:
             lines.append(f"  {label}: {_num(first)} -> {_num(last)}")
-    if (change := heldout_change(rows)) is not None:
+    if change is not None:
         lines.append(f"  {change}")
     scored = sum(int(r.get("coach_health/agents") or 0) for r in rows)
     if scored:
