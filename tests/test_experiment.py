@@ -1,10 +1,11 @@
 """``mappa experiment``: the results math on fabricated metrics lines, the experiment file's
-validation, and a tiny real experiment end to end (3 arms x 2 seeds x 2 steps)."""
+validation, and a tiny real experiment end to end (4 arms x 2 seeds x 2 steps)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -34,10 +35,14 @@ def fake_metrics(
 ) -> list[dict[str, Any]]:
     """Fabricated metrics.jsonl lines: training accuracy per step, held-out accuracy (and a
     fake behaviour key) over ``graded`` answers at the given step indices, a coach score for
-    every agent if given."""
+    every agent if given. Every agent takes its optimizer step, except the verifier on a
+    step with accuracy 0 (no reward signal, as an outcome-only batch of zeros)."""
     lines: list[dict[str, Any]] = []
     for step, acc in enumerate(accuracies):
         line: dict[str, Any] = {"step": step, "accuracy": acc}
+        line.update({f"rl/{a}/skipped": "" for a in AGENTS})
+        if acc == 0.0:
+            line["rl/verifier/skipped"] = "no reward signal"
         if coach is not None:
             line.update({f"coach/{a}": coach + step for a in AGENTS})
         if step in heldout:
@@ -96,14 +101,19 @@ def test_results_table_over_seeds_and_verdicts() -> None:
         "steps": 11,
         "final": 0.5,
         "train_accuracy": 0.3,
+        "optimizer_steps": dict.fromkeys(AGENTS, 11),
         "wall_s": 30.0,
     }
+    steps = outcome["optimizer_steps"]  # seed 0 never right: its verifier never stepped
+    assert (steps["verifier"]["min"], steps["verifier"]["max"]) == (0, 11)
+    assert steps["problem_solver"]["mean"] == 11
     [comparison] = results["comparisons"]
     assert comparison["diff"] == pytest.approx(0.5) and comparison["spread"] == 0.25
     assert comparison["verdict"] == "process > outcome"
     page = results_markdown(results, "fake")
     assert "| process | 0.250 (n=1) | 0.375 (0.250-0.500, sd 0.177, n=2) |" in page
     assert "| process | outcome | 0.500 | 0.250 | 0.117 | process > outcome |" in page
+    assert "| outcome | verifier | 5.5 (0.0-11.0, sd 7.8, n=2) |" in page
     # The same gap on 4 held-out problems is within what the set's size alone can produce.
     small = [RunRecord(r.arm, r.seed, [{**m, "eval/graded": 4} for m in r.metrics]) for r in runs]
     [comparison] = summarize(small, FAKE_BASE)["comparisons"]
@@ -288,26 +298,40 @@ class FakeServer:
 
 
 def _fake_experiment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    server: bool,
+    records: Path | None = None,
+    overrides: list[str] | None = None,
 ) -> tuple[Any, list[list[str]], FakeServer]:
     """An Experiment whose child processes are recorded, not run (``FakeServer`` as its
-    coach server if ``server``); the model is a directory that only looks like one."""
+    coach server if ``server``); the model is a directory that only looks like one. A fake
+    child leaves what a real one would: a run's metrics.jsonl, the base model's eval.json."""
     from mappa.experiment.runner import Experiment
 
-    model = tmp_path / "model"
-    model.mkdir(parents=True)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    model = tmp_path.parent / "model"
+    model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text("{}")
     text = GOOD.replace("tasks.num_tasks=16]", f"tasks.num_tasks=16, model.path={model}]")
     if server:
         text += "    coach_server: {model: fake.gguf}\n"
     fake = FakeServer()
     monkeypatch.setattr("mappa.coach.servers.make_server", lambda *args: fake)
-    experiment = Experiment(_experiment(tmp_path, text), tmp_path / "out")
+    out = tmp_path / "out"
+    experiment = Experiment(_experiment(tmp_path, text), out, overrides, records)
     children: list[list[str]] = []
 
     def child(name: str, action: str, args: list[str], *rest: Any) -> None:
         children.append(args)
         fake.running_during.append(fake.running)
+        done = (
+            out / "base" / "eval.json" if name == "base" else out / "runs" / name / "metrics.jsonl"
+        )
+        done.parent.mkdir(parents=True, exist_ok=True)
+        done.write_text(
+            '{"accuracy": 0.5}' if name == "base" else f'{{"step": 0, "run": "{name}"}}\n'
+        )
 
     monkeypatch.setattr(experiment, "_child", child)
     monkeypatch.setattr(experiment, "write_results", lambda: tmp_path / "out" / "results.md")
@@ -326,6 +350,7 @@ def test_rerun_skips_finished_runs_resumes_started_ones_and_restarts_the_rest(
         (ckpt / "checkpoint.json").write_text(json.dumps({"step": step}))
         config = yaml.safe_dump(run.config.model_dump(mode="json"))
         (run.config.run_dir / "config.yaml").write_text(config)
+        (run.config.run_dir / "metrics.jsonl").write_text('{"step": 0}\n' * step)
 
     checkpoint(process0, process0.config.train.steps)  # finished
     checkpoint(process1, 1)  # interrupted after its first step
@@ -345,6 +370,38 @@ def test_rerun_skips_finished_runs_resumes_started_ones_and_restarts_the_rest(
     assert children[1] == ["train", "--config", str(configs / "outcome_only-s0.yaml")]
     assert not (outcome0.config.run_dir / "episodes.jsonl").exists()  # started over
     assert len(children) == 5  # process-s0 skipped, the base not evaluated again
+    assert (tmp_path / "out" / "records" / "process-s0" / "record.json").is_file()  # kept too
+
+
+def test_records_let_a_rerun_elsewhere_skip_finished_runs_and_refuse_a_changed_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records = tmp_path / "records"
+    experiment, children, _ = _fake_experiment(tmp_path / "a", monkeypatch, False, records)
+    experiment.runs = experiment.runs[:2]  # an experiment stopped after two runs
+    experiment.run()
+    assert len(children) == 3  # base + 2 runs
+    kept = sorted(p.name for p in records.iterdir())
+    assert kept == ["base", "process-s0", "process-s1"]
+    assert sorted(p.name for p in (records / "process-s0").iterdir()) == [
+        "config.yaml",
+        "heldout.jsonl",
+        "metrics.jsonl",
+        "record.json",
+    ]
+    # another machine: a fresh output dir, the committed records
+    experiment, children, _ = _fake_experiment(tmp_path / "b", monkeypatch, False, records)
+    assert experiment.recorded == {"process-s0", "process-s1"}
+    experiment.run()
+    assert [c[2].rsplit("/", 1)[-1] for c in children] == [
+        f"{arm}-s{s}.yaml" for arm in ("outcome_only", "grpo") for s in (0, 1)
+    ]  # neither the base nor the recorded runs again
+    stored = {r.seed: r.metrics for r in experiment.run_records() if r.arm == "process"}
+    assert stored == {s: [{"step": 0, "run": f"process-s{s}"}] for s in (0, 1)}
+    with pytest.raises(
+        ExperimentError, match=r"process-s0: its record .* \(rl.lr: 0.0001 -> 0.002\)"
+    ):
+        _fake_experiment(tmp_path / "c", monkeypatch, False, records, ["rl.lr=0.002"])
 
 
 def test_coach_server_starts_only_for_arms_that_ask_a_coach_and_always_stops(
@@ -398,18 +455,20 @@ def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
           process: []
           outcome_only: [rl.advantage=outcome_only]
           grpo: [rl.advantage=grpo, rl.w_process=0, rl.w_outcome=1]
+          process_oracle: [coach.backend=rules, coach.reference_for=all]
         """,
     )
     out = tmp_path / "out"
     assert main(["experiment", str(experiment), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert (
-        "[1/6] process-s0: step 1/2" in printed
-        and "[6/6] grpo-s1: step 2/2" in printed
+        "[1/8] process-s0: step 1/2" in printed
+        and "[8/8] process_oracle-s1: step 2/2" in printed
         and "experiment done in" in printed
     )
 
-    names = [f"{a}-s{s}" for a in ("process", "outcome_only", "grpo") for s in (0, 1)]
+    arms = ("process", "outcome_only", "grpo", "process_oracle")
+    names = [f"{a}-s{s}" for a in arms for s in (0, 1)]
     results = json.loads((out / "results.json").read_text())
     base_eval = json.loads((out / "base" / "eval.json").read_text())
     heldout_ids = {tuple(t["task_id"] for t in base_eval["per_task"])}
@@ -424,21 +483,25 @@ def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
         assert summary["final"] == metrics[-1]["eval/accuracy"]
         assert summary["train_accuracy"] == pytest.approx(mean(m["accuracy"] for m in metrics))
         episodes = read_episodes(run_dir / "episodes.jsonl")
-        scored = [a.coach is not None for e in episodes for a in e.actions]
-        assert all(scored) if arm == "process" else not any(scored)  # no coach asked
-        assert ("coach/verifier" in metrics[0]) == (arm == "process")
+        scores = [a.coach for e in episodes for a in e.actions]
+        coached = arm.startswith("process")
+        assert all(scores) if coached else not any(scores)  # no coach asked
+        assert ("coach/verifier" in metrics[0]) == coached
+        if arm == "process_oracle":  # right or wrong, as its result checks out
+            assert {(s.backend, s.value) for s in scores if s} <= {("rules", 0.0), ("rules", 10.0)}
+        assert summary["optimizer_steps"].keys() == {"problem_solver", "code_executor", "verifier"}
         heldout = read_episodes(run_dir / "heldout_episodes.jsonl")
         assert {e.step for e in heldout} == {1}  # one eval, after the last step
         heldout_ids.add(tuple(e.task_id for e in heldout))
     assert len(heldout_ids) == 1  # the base and every run, at every eval: the same tasks
-    for arm in ("process", "outcome_only", "grpo"):
+    for arm in arms:
         finals = [results["arms"][arm]["runs"][f"{arm}-s{s}"]["final"] for s in (0, 1)]
         assert results["arms"][arm]["final"]["mean"] == pytest.approx(mean(finals))
         curve = results["arms"][arm]["heldout"]
         assert [p["step"] for p in curve] == [0, 2]
         assert curve[0]["mean"] == base_eval["accuracy"]
     assert bool(results["arms"]["process"]["coach"]) and not results["arms"]["grpo"]["coach"]
-    assert len(results["comparisons"]) == 3
+    assert len(results["comparisons"]) == 6
     assert "## Comparison of final held-out accuracy" in (out / "results.md").read_text()
     assert (out / "heldout_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "report" / "index.html").is_file()
@@ -446,11 +509,23 @@ def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
     # the same command again: everything is there, nothing is trained or evaluated again
     before = {n: (out / "runs" / n / "metrics.jsonl").read_bytes() for n in names}
     timings = read_jsonl(out / "timings.jsonl")
-    assert len(timings) == 7
+    assert len(timings) == 9
     assert main(["experiment", str(experiment), "--out", str(out)]) == 0
-    assert "process-s0: finished already" in capsys.readouterr().out
+    assert "process-s0: recorded already" in capsys.readouterr().out
     assert {n: (out / "runs" / n / "metrics.jsonl").read_bytes() for n in names} == before
     assert read_jsonl(out / "timings.jsonl") == timings
+
+    # another machine: only the records travel; nothing runs, the results are the same
+    records = tmp_path / "committed"
+    shutil.copytree(out / "records", records)
+    elsewhere = tmp_path / "elsewhere"
+    args = ["experiment", str(experiment), "--out", str(elsewhere), "--records", str(records)]
+    assert main(args) == 0
+    assert not (elsewhere / "runs").exists() and not (elsewhere / "timings.jsonl").exists()
+    again = json.loads((elsewhere / "results.json").read_text())
+    assert {a: again["arms"][a]["final"] for a in arms} == {
+        a: results["arms"][a]["final"] for a in arms
+    }
 
 
 def test_progress_shows_every_step_even_when_several_end_between_two_looks(

@@ -109,6 +109,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="where runs, configs and results go (default: runs/experiments/<config name>)",
     )
+    experiment.add_argument(
+        "--records",
+        type=Path,
+        default=None,
+        help="where each finished run's small record goes (config, metrics, held-out answers; "
+        "no adapters): commit it, and a rerun on any machine skips the runs it holds "
+        "(default: <out>/records)",
+    )
     check = sub.choices["coach-check"]
     given = check.add_mutually_exclusive_group()
     given.add_argument(
@@ -461,6 +469,8 @@ def _coach_label(cfg: RunConfig) -> dict[str, str]:
     c = cfg.coach
     if c.backend == "http":
         return {"backend": "http", "model": c.http.model, "base_url": c.http.base_url}
+    if c.backend == "rules":
+        return {"backend": "rules", "function": c.rules.function}
     return {"backend": "local", "model": c.local.model_path or cfg.model.path}
 
 
@@ -582,7 +592,7 @@ def _experiment(args: argparse.Namespace) -> int:
 
     _setup_logging()
     try:
-        experiment = Experiment(args.config, args.out, args.overrides)
+        experiment = Experiment(args.config, args.out, args.overrides, args.records)
     except (ExperimentError, MissingReportDependency) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2

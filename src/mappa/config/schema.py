@@ -291,6 +291,18 @@ class EvalConfig(Strict):
         return self
 
 
+class RulesCoachConfig(Strict):
+    """A coach that is code: a Python function scores each action (docs/coach.md)."""
+
+    function: str = Field(
+        "mappa.coach.rules:answer_oracle",
+        description="`module:function` taking the action's coach context and returning its "
+        "score 0-10. The default, `answer_oracle`, checks each action's result against the "
+        "reference answer (10 right, 0 otherwise; needs `reference_for: all`): the best "
+        "a coach could do on an answer task.",
+    )
+
+
 class HttpCoachConfig(Strict):
     """An OpenAI-compatible chat-completions server (vLLM, llama.cpp, Ollama, Gemini...)."""
 
@@ -409,10 +421,11 @@ class CoachPrices(Strict):
 class CoachConfig(Strict):
     """Who scores every action 0-10 (docs/design.md §1)."""
 
-    backend: Literal["local", "http"] = Field(
+    backend: Literal["local", "http", "rules"] = Field(
         "local",
         description="`local`: an in-process model's expected score (the policy base with "
-        "adapters off by default). `http`: an OpenAI-compatible server.",
+        "adapters off by default). `http`: an OpenAI-compatible server. `rules`: a Python "
+        "function (`coach.rules`), no model.",
     )
     template: str = Field(
         "mathchat",
@@ -464,6 +477,12 @@ class CoachConfig(Strict):
     price_per_mtok: CoachPrices = Field(default_factory=CoachPrices)
     http: HttpCoachConfig = Field(default_factory=HttpCoachConfig)
     local: LocalCoachConfig = Field(default_factory=LocalCoachConfig)
+    rules: RulesCoachConfig = Field(default_factory=RulesCoachConfig)
+
+    @property
+    def is_model(self) -> bool:
+        """Whether a model scores (`local`, `http`) rather than a rule function."""
+        return self.backend != "rules"
 
     @property
     def reference_scope(self) -> Literal["none", "final", "all"]:

@@ -18,21 +18,23 @@ def fmt(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def cell(stats: dict[str, Any]) -> str:
+def cell(stats: dict[str, Any], digits: int = 3) -> str:
     """``mean (min-max, sd std, n=N)``, or the bare value of a single seed.
 
     >>> cell({"n": 2, "mean": 0.375, "min": 0.25, "max": 0.5, "std": 0.177})
     '0.375 (0.250-0.500, sd 0.177, n=2)'
     >>> cell({"n": 1, "mean": 0.5, "min": 0.5, "max": 0.5, "std": None})
     '0.500 (n=1)'
+    >>> cell({"n": 2, "mean": 2.5, "min": 2.0, "max": 3.0, "std": 0.7071}, 1)
+    '2.5 (2.0-3.0, sd 0.7, n=2)'
     """
     if not stats["n"]:
         return "-"
     if stats["n"] == 1:
-        return f"{fmt(stats['mean'])} (n=1)"
+        return f"{fmt(stats['mean'], digits)} (n=1)"
     return (
-        f"{fmt(stats['mean'])} ({fmt(stats['min'])}-{fmt(stats['max'])}, "
-        f"sd {fmt(stats['std'])}, n={stats['n']})"
+        f"{fmt(stats['mean'], digits)} ({fmt(stats['min'], digits)}-{fmt(stats['max'], digits)}, "
+        f"sd {fmt(stats['std'], digits)}, n={stats['n']})"
     )
 
 
@@ -79,6 +81,15 @@ def results_markdown(results: dict[str, Any], title: str) -> str:
                 fmt(a["wall_s"]["mean"], 0),
             ]
             for arm, a in arms.items()
+        ],
+    )
+    lines += ["## Optimizer steps each agent took (over seeds)", ""]
+    lines += table(
+        ["arm", "agent", "steps"],
+        [
+            [arm, agent, cell(s, 1)]
+            for arm, a in arms.items()
+            for agent, s in a["optimizer_steps"].items()
         ],
     )
     coached = {arm: a["coach"] for arm, a in arms.items() if a["coach"]}

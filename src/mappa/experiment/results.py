@@ -114,6 +114,18 @@ def _bookkeeping(name: str) -> bool:
     return name in NOT_BEHAVIOUR or name.startswith("avg@")
 
 
+def optimizer_steps(run: RunRecord) -> dict[str, int]:
+    """Optimizer steps each agent took in the run: its steps whose update was not skipped
+    (``rl/<agent>/skipped`` empty; no actions, no reward signal or a non-finite loss skip it).
+    Arms with the same rollout budget can differ here, and so does what they learned.
+
+    >>> optimizer_steps(RunRecord("a", 0, [{"rl/v/skipped": ""}, {"rl/v/skipped": "no actions"},
+    ...     {"rl/v/skipped": ""}, {}], agents=["v"]))
+    {'v': 2}
+    """
+    return {a: sum(m.get(f"rl/{a}/skipped") == "" for m in run.metrics) for a in run.agents}
+
+
 def arm_summary(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, Any]:
     """One arm's numbers over its seeds (``runs``: its runs, one per seed)."""
     agents = list(dict.fromkeys(a for r in runs for a in r.agents))
@@ -133,12 +145,14 @@ def arm_summary(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, An
         "train_accuracy": spread([_window_mean(r.metrics, "accuracy", last=True) for r in runs]),
         "coach": coach,
         "behaviour": behaviour(runs, base),
+        "optimizer_steps": {a: spread([optimizer_steps(r).get(a) for r in runs]) for a in agents},
         "wall_s": spread([r.wall_s for r in runs]),
         "runs": {
             f"{r.arm}-s{r.seed}": {
                 "steps": len(r.metrics),
                 "final": None if f is None else f["eval/accuracy"],
                 "train_accuracy": _window_mean(r.metrics, "accuracy", last=True),
+                "optimizer_steps": optimizer_steps(r),
                 "wall_s": r.wall_s,
             }
             for r, f in zip(runs, finals, strict=True)

@@ -5,7 +5,9 @@ A child process per run returns its memory to the system between runs and keeps 
 crash from taking the others with it unseen: a failing run stops the experiment, naming its
 log. Rerunning the same command resumes: finished runs (their final checkpoint present) are
 skipped, an interrupted one continues with ``mappa train --resume``, the base model's
-evaluation is kept. Layout of ``<out>``::
+evaluation is kept. Each finished run's small record goes to ``<records>``
+(``mappa.experiment.records``; default ``<out>/records``): a directory to commit, so a
+rerun on another machine skips what it holds. Layout of ``<out>``::
 
     configs/<arm>-s<seed>.yaml   each run's resolved config (`mappa train --config` reruns it)
     runs/<arm>-s<seed>/          each run's dir (metrics.jsonl, episodes, checkpoints, ...)
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from mappa.experiment.records import Records
 from mappa.experiment.results import RunRecord, summarize
 from mappa.experiment.spec import ExperimentError, RunSpec, load_experiment, plan_runs
 from mappa.jsonl import append_jsonl, read_jsonl
@@ -68,9 +71,15 @@ def run_state(run: RunSpec) -> str:
     return "done" if step >= run.config.train.steps else "resume"
 
 
+def _asks_server(run: RunSpec) -> bool:
+    """Whether the run scores with a model coach (the experiment's server, if it has one)."""
+    return run.config.rl.needs_coach and run.config.coach.is_model
+
+
 def _check_runnable(runs: Sequence[RunSpec]) -> None:
     """What ``mappa train`` would refuse, found before the first run starts: per arm the
-    model-free checks (``preflight.check``), per started run that its config still resumes."""
+    model-free checks (``preflight.check``), per started run that its config still resumes
+    (``runs``: those not recorded already)."""
     from mappa.run import preflight
     from mappa.run.checkpoint import check_resumable
 
@@ -92,7 +101,11 @@ class Experiment:
     """One invocation of an experiment: its runs, where they go, its coach server."""
 
     def __init__(
-        self, experiment_file: Path, out: Path | None = None, overrides: list[str] | None = None
+        self,
+        experiment_file: Path,
+        out: Path | None = None,
+        overrides: list[str] | None = None,
+        records: Path | None = None,
     ) -> None:
         from mappa.report.charts import require_matplotlib
 
@@ -103,7 +116,9 @@ class Experiment:
         self.server = self._server()
         url = None if self.server is None else self.server.base_url
         self.runs = plan_runs(self.spec, experiment_file, self.out, url)
-        _check_runnable(self.runs)
+        self.records = Records(records or self.out / "records")
+        self.recorded = {r.name for r in self.runs if self.records.has(r)}
+        _check_runnable([r for r in self.runs if r.name not in self.recorded])
 
     def _server(self) -> LocalServer | None:
         s = self.spec.coach_server
@@ -132,9 +147,7 @@ class Experiment:
             self.evaluate_base()
             for i, run in enumerate(self.runs, 1):
                 self.train(run, f"[{i}/{len(self.runs)}] {run.name}")
-                if self.server is not None and not any(
-                    r.config.rl.needs_coach for r in self.runs[i:]
-                ):
+                if self.server is not None and not any(map(_asks_server, self.runs[i:])):
                     self.server.stop()  # no later run asks it: its memory is theirs
         finally:
             if self.server is not None:
@@ -145,25 +158,31 @@ class Experiment:
 
     def evaluate_base(self) -> None:
         """The base model on the held-out set, greedy or sampled exactly as the runs' eval."""
-        base = self.out / "base"
-        if (base / "eval.json").is_file():
-            print(f"base model: evaluated already ({base / 'eval.json'})", flush=True)
+        recorded, base = self.records.base_eval(), self.out / "base"
+        if recorded.is_file():
+            print(f"base model: recorded already ({recorded})", flush=True)
             return
-        print("base model: held-out evaluation", flush=True)
-        args = ["eval", "--config", str(self.config_path(self.runs[0])), "--out", str(base)]
-        self._child("base", "eval", args, "base model")
+        if not (base / "eval.json").is_file():
+            print("base model: held-out evaluation", flush=True)
+            args = ["eval", "--config", str(self.config_path(self.runs[0])), "--out", str(base)]
+            self._child("base", "eval", args, "base model")
+        self.records.keep_base(base / "eval.json")
 
     def train(self, run: RunSpec, label: str) -> None:
-        """Train one run (or resume it, or skip it when finished)."""
+        """Train one run (or resume it, or skip it when finished or recorded), then record it."""
+        if run.name in self.recorded:
+            print(f"{label}: recorded already ({self.records.root / run.name})", flush=True)
+            return
         state = run_state(run)
         if state == "done":
             print(f"{label}: finished already", flush=True)
+            self.records.keep(run, self._wall(run.name))
             return
         run_dir = run.config.run_dir
         if state == "new" and run_dir.exists():  # started, but no step was checkpointed
             log.warning("%s: no checkpoint in %s; starting it over", run.name, run_dir)
             shutil.rmtree(run_dir)
-        if run.config.rl.needs_coach and self.server is not None and self.server.proc is None:
+        if _asks_server(run) and self.server is not None and self.server.proc is None:
             print(f"coach server ({self.server.name}): starting; log {self.server.log}", flush=True)
             self.server.start()
         args = ["train", "--config", str(self.config_path(run))]
@@ -173,6 +192,7 @@ class Experiment:
         self._child(
             run.name, action, args, label, (run_dir / "metrics.jsonl", run.config.train.steps)
         )
+        self.records.keep(run, self._wall(run.name))
 
     def _child(
         self,
@@ -242,23 +262,27 @@ class Experiment:
                     flush=True,
                 )
 
-    def records(self) -> list[RunRecord]:
-        """Each run's metrics lines and wall time (summed over its child processes)."""
-        timings = (
-            read_jsonl(self.out / "timings.jsonl") if (self.out / "timings.jsonl").is_file() else []
+    def _wall(self, name: str) -> float | None:
+        """A run's wall time here, summed over its child processes."""
+        path = self.out / "timings.jsonl"
+        walls = (
+            [t["wall_s"] for t in read_jsonl(path) if t["run"] == name] if path.is_file() else []
         )
+        return sum(walls) if walls else None
+
+    def run_records(self) -> list[RunRecord]:
+        """Each run's metrics lines and wall time: from its record when it was recorded
+        before this invocation, else from its run dir (an unfinished run's steps so far)."""
         out = []
         for run in self.runs:
-            metrics = run.config.run_dir / "metrics.jsonl"
-            walls = [t["wall_s"] for t in timings if t["run"] == run.name]
+            if run.name in self.recorded:
+                stored = self.records.read(run)
+                metrics, wall = stored.metrics, stored.wall_s
+            else:
+                path = run.config.run_dir / "metrics.jsonl"
+                metrics, wall = read_jsonl(path) if path.is_file() else [], self._wall(run.name)
             out.append(
-                RunRecord(
-                    run.arm,
-                    run.seed,
-                    read_jsonl(metrics) if metrics.is_file() else [],
-                    sum(walls) if walls else None,
-                    [a.name for a in run.config.agents],
-                )
+                RunRecord(run.arm, run.seed, metrics, wall, [a.name for a in run.config.agents])
             )
         return out
 
@@ -268,13 +292,17 @@ class Experiment:
         from mappa.experiment.plot import plot_heldout
         from mappa.report.html import write_report
 
-        base_file = self.out / "base" / "eval.json"
+        base_file = self.records.base_eval()
         base = json.loads(base_file.read_text()) if base_file.is_file() else None
-        results = summarize(self.records(), base)
+        results = summarize(self.run_records(), base)
         title = f"Experiment {self.file.stem}"
         (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         page = self.out / "results.md"
         page.write_text(results_markdown(results, title) + "\n")
         plot_heldout(results, self.out / "heldout_accuracy.png", title)
-        write_report([r.config.run_dir for r in self.runs], self.out / "report")
+        here = [
+            r.config.run_dir for r in self.runs if (r.config.run_dir / "metrics.jsonl").is_file()
+        ]
+        if here:  # runs recorded elsewhere have no run dir on this machine
+            write_report(here, self.out / "report")
         return page

@@ -84,6 +84,8 @@ def make_coach(
     from mappa.coach.cache import CachedCoach, ScoreCache
 
     c = cfg.coach
+    if not c.is_model:  # a rule is cheaper to run than to look up
+        return (backend or (lambda: coach_backend(cfg, policies, engine)))()
     template = coach_template(cfg)
     if c.backend == "http":
         from mappa.coach.http import request_fingerprint
@@ -107,6 +109,11 @@ def coach_backend(
     cfg: RunConfig, policies: AgentPolicies | None, engine: RolloutEngine | None
 ) -> CoachBackend:
     """The configured coach itself, uncached (``make_coach`` puts the cache around it)."""
+    if cfg.coach.backend == "rules":
+        from mappa.coach.rules import RuleCoach, load_rule
+
+        spec = cfg.coach.rules.function
+        return RuleCoach(load_rule(spec), spec)
     template = coach_template(cfg)
     if cfg.coach.backend == "http":
         from mappa.coach.http import HttpCoach

@@ -145,6 +145,23 @@ def _task_problems(cfg: RunConfig) -> list[str]:
     return out
 
 
+def _rule_problem(cfg: RunConfig) -> str | None:
+    """The rule imports, and the built-in oracle is shown the reference for every agent."""
+    from mappa.coach.rules import ORACLE, load_rule
+
+    c = cfg.coach
+    try:
+        load_rule(c.rules.function)
+    except ValueError as err:
+        return str(err)
+    if c.rules.function == ORACLE and c.reference_scope != "all":
+        return (
+            f"coach.rules.function: {ORACLE} checks every agent's result against the "
+            "reference answer: set coach.reference_for: all (and coach.show_ground_truth: true)"
+        )
+    return None
+
+
 def _coach_problems(cfg: RunConfig) -> list[str]:
     import os
 
@@ -157,8 +174,11 @@ def _coach_problems(cfg: RunConfig) -> list[str]:
         name = c.http.api_key_env
         if live and name and not os.environ.get(name):
             out.append(f"coach.http.api_key_env: the environment variable {name} is not set")
+    elif c.backend == "rules":
+        out.append(_rule_problem(cfg) if asked else None)
     elif live and c.local.model_path is not None:
         out.append(_model_path_problem("coach.local.model_path", c.local.model_path))
+    asked = asked and c.is_model  # a rule reads no template and needs no cache
     if asked and c.answer_check and not coach_template(cfg).shows_answer_check:
         out.append(
             f"coach.answer_check: template {c.template!r} never shows {{answer_check}} (put "

@@ -1,0 +1,145 @@
+"""Rule-based per-action rewards: a coach backend that scores each action with a Python
+function instead of a model (``coach.backend: rules``).
+
+A rule is any importable callable ``rule(context: CoachContext) -> float | Score`` that
+returns a score in 0-10; ``coach.rules.function`` names it as ``module:function``. It sees
+the same ``CoachContext`` a model coach would (role, input, output, tool output, and the
+reference for the agents ``coach.reference_for`` names), so a team can reward its own
+checks per action with the rest of the loop (advantages, health metrics, report) unchanged.
+
+``answer_oracle`` is the built-in rule: each action's result checked against the reference
+answer, the best a coach could do on an answer task. The gap between a run trained on it
+and one trained on a model coach is the price of the real coach.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+
+from mappa.coach.base import CoachFatalError
+from mappa.coach.context import CoachContext
+from mappa.records import Score
+from mappa.tasks.math import answers_equal, extract_answer
+
+Rule = Callable[[CoachContext], "float | Score"]
+
+ORACLE = "mappa.coach.rules:answer_oracle"
+"""The built-in rule, ``coach.rules.function``'s default."""
+
+RIGHT, WRONG = 10.0, 0.0
+"""The oracle's two scores: the action's result equals the reference, or it does not (or
+there is no result to check)."""
+
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+_NO_OUTPUT = "[no output]"
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in ``text`` (integers, decimals, ``1,000``, ``a/b``).
+
+    >>> last_number("12 apples, then 3/4 of 1,000 is 750."), last_number("none")
+    ('750', None)
+    """
+    found = _NUMBER.findall(text)
+    return found[-1] if found else None
+
+
+def stated_result(text: str) -> str | None:
+    r"""What a reply states as its result: its boxed answer or ``Answer:`` line, else the
+    last number it writes.
+
+    >>> stated_result(r"so 2+3 = 5, then \boxed{6} and 7"), stated_result("it is 12.")
+    ('6', '12')
+    """
+    return extract_answer(text, "boxed") or extract_answer(text, "answer_line") or last_number(text)
+
+
+def action_result(ctx: CoachContext) -> tuple[str | None, str]:
+    """The result an action commits to, and where it was read: the final agent's committed
+    answer (boxed or an ``Answer:`` line: what the grader reads); for an action whose code
+    ran, the last number its program printed; otherwise the result its reply states."""
+    if ctx.is_final:
+        answer = extract_answer(ctx.output, "boxed") or extract_answer(ctx.output, "answer_line")
+        return answer, "its final answer"
+    if ctx.observation is not None and ctx.observation.strip() != _NO_OUTPUT:
+        return last_number(ctx.observation), "the last number its program printed"
+    return stated_result(ctx.output), "the result its reply states"
+
+
+def answer_oracle(ctx: CoachContext) -> Score:
+    """10 when the action's result (``action_result``) equals the reference answer, else 0.
+
+    Needs the reference for every agent (``coach.reference_for: all``); an action whose
+    context carries none is a configuration error, not a zero.
+    """
+    if ctx.ground_truth is None:
+        raise CoachFatalError(
+            f"rule {ORACLE}: the {ctx.agent!r} action was scored without the reference "
+            "answer; the oracle checks every agent's result against it: set "
+            "coach.show_ground_truth: true and coach.reference_for: all"
+        )
+    result, where = action_result(ctx)
+    if result is None:
+        return Score(WRONG, f"no result found ({where}); reference {ctx.ground_truth}")
+    right = answers_equal(result, ctx.ground_truth)
+    verdict = "equals" if right else "does not equal"
+    return Score(
+        RIGHT if right else WRONG,
+        f"{where} is {result}: it {verdict} the reference {ctx.ground_truth}",
+        answer_correct=right,
+    )
+
+
+def load_rule(spec: str) -> Rule:
+    """The callable ``spec`` names (``package.module:function``); ``ValueError`` saying what
+    is wrong when it cannot be imported or is not callable."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"coach.rules.function: {spec!r} is not of the form module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"coach.rules.function: cannot import {module_name!r}: {err}") from None
+    rule = getattr(module, attr, None)
+    if not callable(rule):
+        raise ValueError(f"coach.rules.function: {module_name} has no callable {attr!r}")
+    return rule
+
+
+class RuleCoach:
+    """Coach backend over a rule function. A rule is code, so a failure is a bug to fix, not
+    a fallback to train through: a raising rule or a score outside 0-10 stops the run
+    (``CoachFatalError``) naming the action."""
+
+    name = "rules"
+
+    def __init__(self, rule: Rule, label: str) -> None:
+        self.rule = rule
+        self.label = label
+
+    def _one(self, ctx: CoachContext) -> Score:
+        start = time.monotonic()
+        try:
+            out = self.rule(ctx)
+        except CoachFatalError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any bug in user code, reported with the action
+            raise CoachFatalError(
+                f"rule {self.label} raised on the {ctx.agent!r} action of task "
+                f"{ctx.task[:80]!r}: {type(err).__name__}: {err}"
+            ) from err
+        score = out if isinstance(out, Score) else Score(float(out))
+        if not (math.isfinite(score.value) and 0.0 <= score.value <= 10.0):
+            raise CoachFatalError(
+                f"rule {self.label} returned {score.value!r} for the {ctx.agent!r} action; "
+                "a score must be a number in 0-10"
+            )
+        return dataclasses.replace(score, backend=self.name, latency_s=time.monotonic() - start)
+
+    def score(self, contexts: Sequence[CoachContext]) -> list[Score]:
+        return [self._one(c) for c in contexts]

@@ -1,0 +1,130 @@
+"""Each finished run's small record, in a directory that can be committed, so an experiment
+can outlast the machine it started on: a rerun anywhere skips the runs recorded there.
+
+A record is what the results are computed from, without adapters, checkpoints, episodes or
+workspaces (tens of kB a run)::
+
+    <records>/<arm>-s<seed>/config.yaml    the run's resolved config
+    <records>/<arm>-s<seed>/metrics.jsonl  its step lines (held-out evals, coach health, rl/)
+    <records>/<arm>-s<seed>/heldout.jsonl  every held-out answer: step, task_id, correct
+    <records>/<arm>-s<seed>/record.json    wall time and the record's format
+    <records>/base/eval.json               the base model's held-out evaluation
+
+A record is written only after its run finished, so a record is never half a run. A record
+made with another config than the run it stands for now is refused, not reused.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mappa.config import RunConfig
+from mappa.experiment.spec import ExperimentError, RunSpec
+from mappa.jsonl import append_jsonl, iter_jsonl, read_jsonl
+
+FORMAT = 1
+MACHINE_KEYS = ("run_dir", "coach.http.base_url")
+"""Config keys that say where a run ran, not what it did (an experiment's coach server
+listens on a free port): two configs that differ only here are the same run."""
+
+
+@dataclass
+class StoredRun:
+    """A run's record, read back."""
+
+    metrics: list[dict[str, Any]]
+    wall_s: float | None
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``.
+
+    >>> _flat({"a": {"b": 1, "c": [2]}, "d": None})
+    {'a.b': 1, 'a.c': [2], 'd': None}
+    """
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_differences(recorded: dict[str, Any], config: RunConfig) -> list[str]:
+    """``key: recorded -> now`` for every setting that differs, machine keys left out."""
+    now = _flat(config.model_dump(mode="json"))
+    was = _flat(recorded)
+    keys = [k for k in dict.fromkeys([*was, *now]) if k not in MACHINE_KEYS]
+    return [f"{k}: {was.get(k)!r} -> {now.get(k)!r}" for k in keys if was.get(k) != now.get(k)]
+
+
+class Records:
+    """The records directory of one experiment."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def base_eval(self) -> Path:
+        return self.root / "base" / "eval.json"
+
+    def keep_base(self, eval_json: Path) -> None:
+        """Record the base model's evaluation (``mappa eval``'s ``eval.json``)."""
+        self.base_eval().parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(eval_json, self.base_eval())
+
+    def has(self, run: RunSpec) -> bool:
+        """Whether ``run`` is recorded; ``ExperimentError`` when its record was made with a
+        different config (rerunning would silently mix two experiments)."""
+        folder = self.root / run.name
+        if not (folder / "record.json").is_file():
+            return False
+        recorded = yaml.safe_load((folder / "config.yaml").read_text())
+        diff = config_differences(recorded, run.config)
+        if diff:
+            shown = "; ".join(diff[:5]) + (f"; and {len(diff) - 5} more" if len(diff) > 5 else "")
+            raise ExperimentError(
+                f"{run.name}: its record {folder} was made with another config ({shown}); "
+                "delete that folder to run it again with this one, or restore the config"
+            )
+        return True
+
+    def keep(self, run: RunSpec, wall_s: float | None) -> Path:
+        """Record a finished run from its run dir (written to a temporary folder first and
+        renamed, so a crash leaves no partial record)."""
+        run_dir = run.config.run_dir
+        folder = self.root / run.name
+        tmp = self.root / f".{run.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        (tmp / "config.yaml").write_text(
+            yaml.safe_dump(run.config.model_dump(mode="json"), sort_keys=False)
+        )
+        shutil.copyfile(run_dir / "metrics.jsonl", tmp / "metrics.jsonl")
+        heldout = run_dir / "heldout_episodes.jsonl"
+        answers = (
+            [
+                {"step": ep["step"], "task_id": ep["task_id"], "correct": ep["correct"]}
+                for ep in iter_jsonl(heldout)
+            ]
+            if heldout.is_file()
+            else []
+        )
+        append_jsonl(tmp / "heldout.jsonl", answers)
+        (tmp / "record.json").write_text(
+            json.dumps({"format": FORMAT, "run": run.name, "wall_s": wall_s}, indent=2) + "\n"
+        )
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        return folder
+
+    def read(self, run: RunSpec) -> StoredRun:
+        folder = self.root / run.name
+        info = json.loads((folder / "record.json").read_text())
+        return StoredRun(read_jsonl(folder / "metrics.jsonl"), info.get("wall_s"))

@@ -1,0 +1,117 @@
+"""The rules coach: the answer oracle's checks per kind of action, user rules, and how a
+broken rule or config is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import SMOKE_CONFIG
+
+from mappa.coach import CoachFatalError
+from mappa.coach.context import CoachContext
+from mappa.coach.rules import ORACLE, RuleCoach, answer_oracle, load_rule
+from mappa.config import load_config
+from mappa.records import Score
+from mappa.run import build, preflight
+
+CTX = CoachContext(
+    task="Ann has 5 pens and buys 6 more. How many pens?",
+    agent="problem_solver",
+    role="Solves.",
+    turn=0,
+    agent_input="in",
+    output="",
+    observation=None,
+    is_final=False,
+    ground_truth="11",
+)
+
+
+def _oracle(**fields: object) -> Score:
+    return answer_oracle(dataclasses.replace(CTX, **fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "value"),
+    [
+        # the Problem Solver: the result its reply states (a box wins over later numbers)
+        ({"output": r"5 + 6 = 11, so \boxed{11}."}, 10.0),
+        ({"output": "5 + 6 = 11 pens"}, 10.0),
+        ({"output": r"5 + 6 = \boxed{12}, not 11"}, 0.0),
+        ({"output": "Add the pens."}, 0.0),  # no result at all
+        # the Code Executor: the last number its program printed, not what its reply says
+        ({"agent": "code_executor", "output": "print(5+6)  # 12", "observation": "11\n"}, 10.0),
+        ({"agent": "code_executor", "output": r"\boxed{11}", "observation": "1,000\n"}, 0.0),
+        ({"agent": "code_executor", "output": "x = 11", "observation": "[no output]"}, 10.0),
+        # the Verifier: only the answer it commits to counts (what the grader reads)
+        ({"agent": "verifier", "is_final": True, "output": r"\boxed{11.0}"}, 10.0),
+        ({"agent": "verifier", "is_final": True, "output": "Answer: 11"}, 10.0),
+        ({"agent": "verifier", "is_final": True, "output": "It is 11."}, 0.0),
+        ({"agent": "verifier", "is_final": True, "output": r"\boxed{10}"}, 0.0),
+    ],
+)
+def test_the_oracle_checks_each_actions_result_against_the_reference(
+    fields: dict[str, object], value: float
+) -> None:
+    score = _oracle(**fields)
+    assert score.value == value
+    assert "reference 11" in score.rationale
+
+
+def test_the_oracle_refuses_an_action_shown_without_the_reference() -> None:
+    with pytest.raises(CoachFatalError, match="reference_for: all"):
+        _oracle(output=r"\boxed{11}", ground_truth=None)
+
+
+def test_a_user_rule_scores_every_context_in_order_and_its_failures_stop_the_run() -> None:
+    coach = RuleCoach(lambda ctx: len(ctx.output), "len")
+    scores = coach.score([dataclasses.replace(CTX, output="x" * n) for n in (3, 0, 10)])
+    assert [s.value for s in scores] == [3.0, 0.0, 10.0]
+    assert {s.backend for s in scores} == {"rules"} and not any(s.flagged for s in scores)
+    with pytest.raises(CoachFatalError, match="returned 11.0 .* 0-10"):
+        coach.score([dataclasses.replace(CTX, output="x" * 11)])
+    with pytest.raises(CoachFatalError, match="returned nan"):
+        RuleCoach(lambda ctx: float("nan"), "nan").score([CTX])
+
+    def broken(ctx: CoachContext) -> float:
+        raise KeyError("oops")
+
+    with pytest.raises(CoachFatalError, match="rule b raised on the 'problem_solver' .*KeyError"):
+        RuleCoach(broken, "b").score([CTX])
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("answer_oracle", "not of the form module:function"),
+        ("mappa.no_such_module:f", "cannot import 'mappa.no_such_module'"),
+        ("mappa.coach.rules:ORACLE", "no callable 'ORACLE'"),
+    ],
+)
+def test_load_rule_says_what_is_wrong(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_rule(spec)
+    assert load_rule(ORACLE) is answer_oracle
+
+
+def test_preflight_refuses_the_oracle_without_every_agents_reference_or_a_bad_rule() -> None:
+    rules = ["coach.backend=rules", "rl.w_process=1"]
+    ok = load_config(SMOKE_CONFIG, [*rules, "coach.reference_for=all"])
+    preflight.check(ok)
+    with pytest.raises(ValueError, match="set coach.reference_for: all"):
+        preflight.check(load_config(SMOKE_CONFIG, [*rules, "coach.reference_for=final"]))
+    with pytest.raises(ValueError, match="cannot import"):
+        preflight.check(load_config(SMOKE_CONFIG, [*rules, "coach.rules.function=nope:f"]))
+    # an outcome-only run asks no coach: its rule is never loaded, so it is not checked
+    preflight.check(
+        load_config(
+            SMOKE_CONFIG, [*rules, "coach.rules.function=nope:f", "rl.advantage=outcome_only"]
+        )
+    )
+
+
+def test_make_coach_builds_the_rule_uncached_and_without_a_model() -> None:
+    cfg = load_config(SMOKE_CONFIG, ["coach.backend=rules", "coach.reference_for=all"])
+    coach = build.make_coach(cfg, policies=None)
+    assert isinstance(coach, RuleCoach) and coach.rule is answer_oracle
