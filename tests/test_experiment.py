@@ -121,6 +121,33 @@ def test_results_table_over_seeds_and_verdicts() -> None:
     assert comparison["verdict"] == "no difference within the held-out set's sampling error"
 
 
+def test_paired_comparison_on_the_same_problems() -> None:
+    """A gap the unpaired rule calls noise on 40 problems is a difference once the problems
+    are paired: both arms miss the same hard ones; the runs' answers decide, not the lines."""
+    hard, easy = [f"h{i}" for i in range(28)], [f"e{i}" for i in range(12)]
+
+    def run(arm: str, seed: int, right: list[str]) -> RunRecord:
+        answers = {t: float(t in right) for t in hard + easy}
+        return RunRecord(
+            arm, seed, fake_metrics([0.5], {0: mean(answers.values())}, graded=40), answers=answers
+        )
+
+    runs = [run("a", 0, easy + hard[:4]), run("a", 1, easy + hard[:5])]
+    runs += [run("b", 0, easy), run("b", 1, easy)]
+    results = summarize(runs, None)
+    [unpaired], [pair] = results["comparisons"], results["paired"]
+    assert unpaired["verdict"] == "no difference within the held-out set's sampling error"
+    assert pair["diff"] == pytest.approx(4.5 / 40) and pair["problems"] == 40
+    assert pair["se_seeds"] == pytest.approx((1 / 40) / 2)  # a's seeds: 16/40 and 17/40
+    assert pair["verdict"] == "a > b" and pair["diff"] > pair["two_se"]
+    assert "| a | b | 0.113 | 40 |" in results_markdown(results, "fake")
+    # the same runs graded on different problems cannot be paired
+    runs[3] = RunRecord("b", 1, runs[3].metrics, answers={"x": 1.0})
+    assert summarize(runs, None)["paired"][0]["verdict"].startswith("undecided: the runs were")
+    runs[3] = RunRecord("b", 1, runs[3].metrics)
+    assert summarize(runs, None)["paired"][0]["verdict"].startswith("undecided: a run has no")
+
+
 def test_results_degenerate_one_seed_and_an_arm_without_eval() -> None:
     runs = [
         RunRecord("process", 0, fake_metrics([0.5, 0.5], {1: 0.5})),
@@ -244,7 +271,8 @@ def test_shipped_experiments_resolve(tmp_path: Path) -> None:
             if "not found" in str(err) or "No such file" in str(err):
                 pytest.skip(f"{path.name}: its task files are not here ({err})")
             raise
-        assert not any(r.config.rl.needs_coach for r in runs if r.arm != "process")
+        # the process arms score every action; the outcome arms ask no coach
+        assert all(r.config.rl.needs_coach == r.arm.startswith("process") for r in runs)
 
 
 def test_the_documented_example_is_a_valid_experiment(tmp_path: Path) -> None:
@@ -502,6 +530,7 @@ def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
         assert curve[0]["mean"] == base_eval["accuracy"]
     assert bool(results["arms"]["process"]["coach"]) and not results["arms"]["grpo"]["coach"]
     assert len(results["comparisons"]) == 6
+    assert [p["problems"] for p in results["paired"]] == [2] * 6  # every run, the same 2
     assert "## Comparison of final held-out accuracy" in (out / "results.md").read_text()
     assert (out / "heldout_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "report" / "index.html").is_file()
@@ -526,6 +555,7 @@ def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
     assert {a: again["arms"][a]["final"] for a in arms} == {
         a: results["arms"][a]["final"] for a in arms
     }
+    assert again["paired"] == results["paired"]  # the per-problem answers travel too
 
 
 def test_progress_shows_every_step_even_when_several_end_between_two_looks(

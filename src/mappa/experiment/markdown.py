@@ -126,4 +126,26 @@ def results_markdown(results: dict[str, Any], title: str) -> str:
             for c in results["comparisons"]
         ],
     )
+    lines += [
+        "## Paired comparison on the same held-out problems",
+        "",
+        f"Rule: {results['paired_rule']}.",
+        "",
+    ]
+    lines += table(
+        ["A", "B", "A - B", "problems", "SE problems", "SE seeds", "2 SE", "verdict"],
+        [
+            [
+                c["a"],
+                c["b"],
+                fmt(c["diff"]),
+                str(c["problems"]),
+                fmt(c["se_problems"]),
+                fmt(c["se_seeds"]),
+                fmt(c["two_se"]),
+                c["verdict"],
+            ]
+            for c in results["paired"]
+        ],
+    )
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,33 @@ class StoredRun:
 
     metrics: list[dict[str, Any]]
     wall_s: float | None
+    answers: dict[str, float] | None
+
+
+def final_answers(rows: Iterable[Mapping[str, Any]]) -> dict[str, float] | None:
+    """Per problem of the last held-out evaluation (the rows of the highest ``step``), the
+    share of its samples answered right; ``None`` without held-out rows.
+
+    >>> final_answers([{"step": -1, "task_id": "a", "correct": True},
+    ...                {"step": 5, "task_id": "a", "correct": False},
+    ...                {"step": 5, "task_id": "a", "correct": True},
+    ...                {"step": 5, "task_id": "b", "correct": None}])
+    {'a': 0.5, 'b': 0.0}
+    """
+    by_step: dict[int, dict[str, list[bool]]] = {}
+    for row in rows:
+        task = by_step.setdefault(int(row["step"]), {}).setdefault(str(row["task_id"]), [])
+        task.append(bool(row["correct"]))
+    if not by_step:
+        return None
+    last = by_step[max(by_step)]
+    return {task: sum(right) / len(right) for task, right in last.items()}
+
+
+def run_dir_answers(run_dir: Path) -> dict[str, float] | None:
+    """``final_answers`` of a run directory's held-out episodes."""
+    path = run_dir / "heldout_episodes.jsonl"
+    return final_answers(iter_jsonl(path)) if path.is_file() else None
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -127,4 +155,5 @@ class Records:
     def read(self, run: RunSpec) -> StoredRun:
         folder = self.root / run.name
         info = json.loads((folder / "record.json").read_text())
-        return StoredRun(read_jsonl(folder / "metrics.jsonl"), info.get("wall_s"))
+        answers = final_answers(read_jsonl(folder / "heldout.jsonl"))
+        return StoredRun(read_jsonl(folder / "metrics.jsonl"), info.get("wall_s"), answers)

@@ -28,6 +28,15 @@ VERDICT_RULE = (
     "2 seeds with a final evaluation"
 )
 
+PAIRED_RULE = (
+    "paired on the same held-out problems: per problem, each arm's share of its runs that "
+    "answered it right (final evaluation); d = the mean over the N problems of A's share minus "
+    "B's; its standard error combines the problems' (the standard deviation of the per-problem "
+    "differences / sqrt(N)) and the seeds' (each arm's sample variance of its runs' accuracies "
+    "/ its runs) as sqrt(SE_problems^2 + SE_seeds^2); A > B when |d| > 2 SE, with at least 2 "
+    "runs per arm, every one graded on the same problems"
+)
+
 NOT_BEHAVIOUR = frozenset({"accuracy", "tasks", "samples", "temperature", "graded"})
 """Held-out keys that are not behaviour: accuracy (reported as such) and bookkeeping."""
 
@@ -44,6 +53,8 @@ class RunRecord:
     metrics: Sequence[Metrics]
     wall_s: float | None = None
     agents: Sequence[str] = field(default_factory=tuple)
+    answers: Mapping[str, float] | None = None
+    """The final held-out evaluation per problem: task id -> share of its samples right."""
 
 
 def spread(values: Sequence[float | None]) -> Stats:
@@ -196,6 +207,52 @@ def verdict(a: str, sa: Stats, b: str, sb: Stats, graded: int | None = None) -> 
     return out | {"verdict": f"{a} > {b}" if out["diff"] > 0 else f"{a} < {b}"}
 
 
+def paired(
+    a: str, runs_a: Sequence[RunRecord], b: str, runs_b: Sequence[RunRecord]
+) -> dict[str, Any]:
+    """Arm ``a`` against ``b`` on the same held-out problems (``PAIRED_RULE``).
+
+    Pairing by problem removes what the draw of the held-out problems does to both arms
+    alike; the seeds' variance is added back because a verdict must hold for another seed.
+
+    >>> ra = [RunRecord("a", s, [], answers={"p1": 1.0, "p2": 1.0, "p3": x}) for s, x in
+    ...       enumerate([0.0, 1.0])]
+    >>> rb = [RunRecord("b", s, [], answers={"p1": 0.0, "p2": 1.0, "p3": 0.0}) for s in (0, 1)]
+    >>> v = paired("a", ra, "b", rb)
+    >>> round(v["diff"], 3), v["problems"], round(v["se_problems"], 3), round(v["se_seeds"], 3)
+    (0.5, 3, 0.289, 0.167)
+    >>> v["verdict"]
+    'no difference within 2 SE of the paired gap'
+    """
+    out: dict[str, Any] = {"a": a, "b": b, "diff": None, "problems": 0}
+    out |= {"se_problems": None, "se_seeds": None, "two_se": None}
+    answers = [r.answers for r in (*runs_a, *runs_b)]
+    if any(x is None for x in answers):
+        return out | {"verdict": "undecided: a run has no per-problem answers"}
+    problems = set(answers[0] or {})
+    if not problems or any(set(x or {}) != problems for x in answers):
+        return out | {"verdict": "undecided: the runs were not graded on the same problems"}
+    if len(runs_a) < 2 or len(runs_b) < 2:
+        return out | {"verdict": "undecided: fewer than 2 seeds"}
+
+    def share(runs: Sequence[RunRecord], task: str) -> float:
+        return mean((r.answers or {})[task] for r in runs)
+
+    def seed_var(runs: Sequence[RunRecord]) -> float:
+        return stdev(mean((r.answers or {}).values()) for r in runs) ** 2 / len(runs)
+
+    diffs = [share(runs_a, t) - share(runs_b, t) for t in sorted(problems)]
+    n = len(diffs)
+    se_problems = stdev(diffs) / sqrt(n) if n > 1 else 0.0
+    se_seeds = sqrt(seed_var(runs_a) + seed_var(runs_b))
+    two_se = 2 * sqrt(se_problems**2 + se_seeds**2)
+    out |= {"diff": mean(diffs), "problems": n, "se_problems": se_problems}
+    out |= {"se_seeds": se_seeds, "two_se": two_se}
+    if abs(out["diff"]) <= two_se:
+        return out | {"verdict": "no difference within 2 SE of the paired gap"}
+    return out | {"verdict": f"{a} > {b}" if out["diff"] > 0 else f"{a} < {b}"}
+
+
 def graded_per_run(runs: Sequence[RunRecord]) -> int | None:
     """Answers graded in a final held-out evaluation (the same in every run: an experiment
     refuses runs whose held-out sets differ); ``None`` if no run says."""
@@ -215,9 +272,11 @@ def summarize(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, Any]
         "base": None if base is None else {"accuracy": base.get("accuracy")},
         "train_window": TRAIN_WINDOW,
         "verdict_rule": VERDICT_RULE,
+        "paired_rule": PAIRED_RULE,
         "arms": summary,
         "comparisons": [
             verdict(a, summary[a]["final"], b, summary[b]["final"], graded_per_run(runs))
             for a, b in combinations(summary, 2)
         ],
+        "paired": [paired(a, arms[a], b, arms[b]) for a, b in combinations(summary, 2)],
     }

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from mappa.experiment.records import Records
+from mappa.experiment.records import Records, run_dir_answers
 from mappa.experiment.results import RunRecord, summarize
 from mappa.experiment.spec import ExperimentError, RunSpec, load_experiment, plan_runs
 from mappa.jsonl import append_jsonl, read_jsonl
@@ -271,19 +271,20 @@ class Experiment:
         return sum(walls) if walls else None
 
     def run_records(self) -> list[RunRecord]:
-        """Each run's metrics lines and wall time: from its record when it was recorded
-        before this invocation, else from its run dir (an unfinished run's steps so far)."""
+        """Each run's metrics lines, wall time and final held-out answers: from its record
+        when it was recorded before this invocation, else from its run dir (an unfinished
+        run's steps so far)."""
         out = []
         for run in self.runs:
             if run.name in self.recorded:
                 stored = self.records.read(run)
-                metrics, wall = stored.metrics, stored.wall_s
+                metrics, wall, answers = stored.metrics, stored.wall_s, stored.answers
             else:
                 path = run.config.run_dir / "metrics.jsonl"
-                metrics, wall = read_jsonl(path) if path.is_file() else [], self._wall(run.name)
-            out.append(
-                RunRecord(run.arm, run.seed, metrics, wall, [a.name for a in run.config.agents])
-            )
+                metrics = read_jsonl(path) if path.is_file() else []
+                wall, answers = self._wall(run.name), run_dir_answers(run.config.run_dir)
+            agents = [a.name for a in run.config.agents]
+            out.append(RunRecord(run.arm, run.seed, metrics, wall, agents, answers))
         return out
 
     def write_results(self) -> Path:
