@@ -49,14 +49,20 @@ def last_number(text: str) -> str | None:
     return found[-1] if found else None
 
 
+def committed_answer(text: str) -> str | None:
+    """The answer a reply commits to in either format the grader reads: its boxed answer,
+    else its ``Answer:`` line."""
+    return extract_answer(text, "boxed") or extract_answer(text, "answer_line")
+
+
 def stated_result(text: str) -> str | None:
-    r"""What a reply states as its result: its boxed answer or ``Answer:`` line, else the
-    last number it writes.
+    r"""What a reply states as its result: its committed answer, else the last number it
+    writes.
 
     >>> stated_result(r"so 2+3 = 5, then \boxed{6} and 7"), stated_result("it is 12.")
     ('6', '12')
     """
-    return extract_answer(text, "boxed") or extract_answer(text, "answer_line") or last_number(text)
+    return committed_answer(text) or last_number(text)
 
 
 def action_result(ctx: CoachContext) -> tuple[str | None, str]:
@@ -64,8 +70,7 @@ def action_result(ctx: CoachContext) -> tuple[str | None, str]:
     answer (boxed or an ``Answer:`` line: what the grader reads); for an action whose code
     ran, the last number its program printed; otherwise the result its reply states."""
     if ctx.is_final:
-        answer = extract_answer(ctx.output, "boxed") or extract_answer(ctx.output, "answer_line")
-        return answer, "its final answer"
+        return committed_answer(ctx.output), "its final answer"
     if ctx.observation is not None and ctx.observation.strip() != _NO_OUTPUT:
         return last_number(ctx.observation), "the last number its program printed"
     return stated_result(ctx.output), "the result its reply states"

@@ -839,6 +839,12 @@ class RunConfig(Strict):
     )
 
     @property
+    def asks_model_coach(self) -> bool:
+        """Whether the reward reads scores from a model coach (not a rule function, and not
+        a reward that asks no coach at all)."""
+        return self.rl.needs_coach and self.coach.is_model
+
+    @property
     def task_seed(self) -> int:
         """The seed of the task sets: ``tasks.seed``, else the run's ``seed``."""
         return self.seed if self.tasks.seed is None else self.tasks.seed

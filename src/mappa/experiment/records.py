@@ -25,7 +25,6 @@ from typing import Any
 
 import yaml
 
-from mappa.config import RunConfig
 from mappa.experiment.spec import ExperimentError, RunSpec
 from mappa.jsonl import append_jsonl, iter_jsonl, read_jsonl
 
@@ -64,33 +63,21 @@ def final_answers(rows: Iterable[Mapping[str, Any]]) -> dict[str, float] | None:
     return {task: sum(right) / len(right) for task, right in last.items()}
 
 
+def heldout_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """Every held-out answer of a run directory (step, task id, right or wrong), from its
+    held-out episodes; none when it has no evaluation."""
+    path = run_dir / "heldout_episodes.jsonl"
+    if not path.is_file():
+        return []
+    return [
+        {"step": ep["step"], "task_id": ep["task_id"], "correct": ep["correct"]}
+        for ep in iter_jsonl(path)
+    ]
+
+
 def run_dir_answers(run_dir: Path) -> dict[str, float] | None:
     """``final_answers`` of a run directory's held-out episodes."""
-    path = run_dir / "heldout_episodes.jsonl"
-    return final_answers(iter_jsonl(path)) if path.is_file() else None
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``.
-
-    >>> _flat({"a": {"b": 1, "c": [2]}, "d": None})
-    {'a.b': 1, 'a.c': [2], 'd': None}
-    """
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out |= _flat(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def config_differences(recorded: dict[str, Any], config: RunConfig) -> list[str]:
-    """``key: recorded -> now`` for every setting that differs, machine keys left out."""
-    now = _flat(config.model_dump(mode="json"))
-    was = _flat(recorded)
-    keys = [k for k in dict.fromkeys([*was, *now]) if k not in MACHINE_KEYS]
-    return [f"{k}: {was.get(k)!r} -> {now.get(k)!r}" for k in keys if was.get(k) != now.get(k)]
+    return final_answers(heldout_rows(run_dir))
 
 
 class Records:
@@ -109,12 +96,17 @@ class Records:
 
     def has(self, run: RunSpec) -> bool:
         """Whether ``run`` is recorded; ``ExperimentError`` when its record was made with a
-        different config (rerunning would silently mix two experiments)."""
+        different config (rerunning would silently mix two experiments). Compared as a
+        resume compares (``mappa.run.checkpoint.config_changes``): a key added since the
+        record was made takes its default."""
+        from mappa.run.checkpoint import config_changes
+
         folder = self.root / run.name
         if not (folder / "record.json").is_file():
             return False
         recorded = yaml.safe_load((folder / "config.yaml").read_text())
-        diff = config_differences(recorded, run.config)
+        changes = config_changes(recorded, run.config, MACHINE_KEYS)
+        diff = [f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items()]
         if diff:
             shown = "; ".join(diff[:5]) + (f"; and {len(diff) - 5} more" if len(diff) > 5 else "")
             raise ExperimentError(
@@ -135,16 +127,7 @@ class Records:
             yaml.safe_dump(run.config.model_dump(mode="json"), sort_keys=False)
         )
         shutil.copyfile(run_dir / "metrics.jsonl", tmp / "metrics.jsonl")
-        heldout = run_dir / "heldout_episodes.jsonl"
-        answers = (
-            [
-                {"step": ep["step"], "task_id": ep["task_id"], "correct": ep["correct"]}
-                for ep in iter_jsonl(heldout)
-            ]
-            if heldout.is_file()
-            else []
-        )
-        append_jsonl(tmp / "heldout.jsonl", answers)
+        append_jsonl(tmp / "heldout.jsonl", heldout_rows(run_dir))
         (tmp / "record.json").write_text(
             json.dumps({"format": FORMAT, "run": run.name, "wall_s": wall_s}, indent=2) + "\n"
         )

@@ -71,11 +71,6 @@ def run_state(run: RunSpec) -> str:
     return "done" if step >= run.config.train.steps else "resume"
 
 
-def _asks_server(run: RunSpec) -> bool:
-    """Whether the run scores with a model coach (the experiment's server, if it has one)."""
-    return run.config.rl.needs_coach and run.config.coach.is_model
-
-
 def _check_runnable(runs: Sequence[RunSpec]) -> None:
     """What ``mappa train`` would refuse, found before the first run starts: per arm the
     model-free checks (``preflight.check``), per started run that its config still resumes
@@ -147,7 +142,9 @@ class Experiment:
             self.evaluate_base()
             for i, run in enumerate(self.runs, 1):
                 self.train(run, f"[{i}/{len(self.runs)}] {run.name}")
-                if self.server is not None and not any(map(_asks_server, self.runs[i:])):
+                if self.server is not None and not any(
+                    r.config.asks_model_coach for r in self.runs[i:]
+                ):
                     self.server.stop()  # no later run asks it: its memory is theirs
         finally:
             if self.server is not None:
@@ -182,7 +179,7 @@ class Experiment:
         if state == "new" and run_dir.exists():  # started, but no step was checkpointed
             log.warning("%s: no checkpoint in %s; starting it over", run.name, run_dir)
             shutil.rmtree(run_dir)
-        if _asks_server(run) and self.server is not None and self.server.proc is None:
+        if run.config.asks_model_coach and self.server is not None and self.server.proc is None:
             print(f"coach server ({self.server.name}): starting; log {self.server.log}", flush=True)
             self.server.start()
         args = ["train", "--config", str(self.config_path(run))]

@@ -200,7 +200,7 @@ def plan_runs(
                 f"run_dir={out / 'runs' / f'{arm}-s{seed}'}",
             ]
             cfg = _load(base, overrides, arm)
-            if coach_url is not None and cfg.rl.needs_coach and cfg.coach.is_model:
+            if coach_url is not None and cfg.asks_model_coach:
                 cfg = _load(base, [*overrides, *http_coach_overrides(coach_url)], arm)
             runs.append(RunSpec(arm, seed, cfg))
     check_comparable(runs)

@@ -35,7 +35,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -214,12 +214,19 @@ def _with_defaults(saved: Mapping[str, Any]) -> Mapping[str, Any]:
         return saved
 
 
+def config_changes(
+    saved: Mapping[str, Any], cfg: RunConfig, ignore: Collection[str] = RESUMABLE_KEYS
+) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved value, value in cfg)}`` for every dotted key whose value differs between
+    a run's saved config and ``cfg``, in key order, the ``ignore`` keys left out."""
+    a, b = _flat(_with_defaults(saved)), _flat(cfg.model_dump(mode="json"))
+    keys = sorted(k for k in a.keys() | b.keys() if k not in ignore and a.get(k) != b.get(k))
+    return {k: (a.get(k), b.get(k)) for k in keys}
+
+
 def config_differences(saved: Mapping[str, Any], cfg: RunConfig) -> list[str]:
     """Keys whose values differ between a run's saved config and ``cfg`` (but the resumable)."""
-    a, b = _flat(_with_defaults(saved)), _flat(cfg.model_dump(mode="json"))
-    return sorted(
-        k for k in a.keys() | b.keys() if k not in RESUMABLE_KEYS and a.get(k) != b.get(k)
-    )
+    return list(config_changes(saved, cfg))
 
 
 def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
@@ -234,10 +241,9 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
     if latest_checkpoint(run_dir) is None:
         raise FileNotFoundError(f"{run_dir}: no complete checkpoint to resume from")
     saved = yaml.safe_load(config.read_text()) or {}
-    diff = config_differences(saved, cfg)
+    diff = config_changes(saved, cfg)
     if diff:
-        old, new = _flat(_with_defaults(saved)), _flat(cfg.model_dump(mode="json"))
-        shown = ", ".join(f"{k} ({old.get(k)!r} -> {new.get(k)!r})" for k in diff)
+        shown = ", ".join(f"{k} ({old!r} -> {new!r})" for k, (old, new) in diff.items())
         raise ValueError(
             f"{run_dir}: the config differs from the run's config.yaml in {shown}; only "
             f"{', '.join(sorted(RESUMABLE_KEYS))} may change on resume"

@@ -178,7 +178,7 @@ def _coach_problems(cfg: RunConfig) -> list[str]:
         out.append(_rule_problem(cfg) if asked else None)
     elif live and c.local.model_path is not None:
         out.append(_model_path_problem("coach.local.model_path", c.local.model_path))
-    asked = asked and c.is_model  # a rule reads no template and needs no cache
+    asked = cfg.asks_model_coach  # a rule reads no template and needs no cache
     if asked and c.answer_check and not coach_template(cfg).shows_answer_check:
         out.append(
             f"coach.answer_check: template {c.template!r} never shows {{answer_check}} (put "
