@@ -19,6 +19,7 @@ from conftest import tiny_run_config
 
 from mappa.experiment import ExperimentError
 from mappa.experiment.markdown import results_markdown
+from mappa.experiment.records import source_revision
 from mappa.experiment.results import TRAIN_WINDOW, RunRecord, summarize
 from mappa.experiment.runner import Experiment
 from mappa.experiment.spec import load_experiment, plan_runs
@@ -402,7 +403,7 @@ def test_rerun_skips_finished_runs_resumes_started_ones_and_restarts_the_rest(
 
 
 def test_records_let_a_rerun_elsewhere_skip_finished_runs_and_refuse_a_changed_config(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     records = tmp_path / "records"
     experiment, children, _ = _fake_experiment(tmp_path / "a", monkeypatch, False, records)
@@ -417,10 +418,19 @@ def test_records_let_a_rerun_elsewhere_skip_finished_runs_and_refuse_a_changed_c
         "metrics.jsonl",
         "record.json",
     ]
+    info = json.loads((records / "process-s0" / "record.json").read_text())
+    assert info["code"] == source_revision() is not None  # this test runs from a checkout
+    # as if another commit had recorded process-s1
+    info = json.loads((records / "process-s1" / "record.json").read_text())
+    (records / "process-s1" / "record.json").write_text(json.dumps({**info, "code": "abc"}))
+    capsys.readouterr()
     # another machine: a fresh output dir, the committed records
     experiment, children, _ = _fake_experiment(tmp_path / "b", monkeypatch, False, records)
     assert experiment.recorded == {"process-s0", "process-s1"}
     experiment.run()
+    said = {line.split(": ")[0][-10:]: line for line in capsys.readouterr().out.splitlines()}
+    assert "recorded already" in said["process-s0"] and "made by code" not in said["process-s0"]
+    assert f"made by code abc, this is {source_revision()}" in said["process-s1"]
     assert [c[2].rsplit("/", 1)[-1] for c in children] == [
         f"{arm}-s{s}.yaml" for arm in ("outcome_only", "grpo") for s in (0, 1)
     ]  # neither the base nor the recorded runs again
@@ -430,6 +440,17 @@ def test_records_let_a_rerun_elsewhere_skip_finished_runs_and_refuse_a_changed_c
         ExperimentError, match=r"process-s0: its record .* \(rl.lr: 0.0001 -> 0.002\)"
     ):
         _fake_experiment(tmp_path / "c", monkeypatch, False, records, ["rl.lr=0.002"])
+
+
+def test_source_revision_is_none_outside_a_git_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mappa.experiment import records as records_module
+
+    revision = source_revision()
+    assert revision is not None and len(revision.split("+")[0]) == 40
+    monkeypatch.setattr(records_module, "__file__", str(tmp_path / "mappa" / "x" / "records.py"))
+    assert source_revision() is None  # e.g. mappa installed from a wheel
 
 
 def test_coach_server_starts_only_for_arms_that_ask_a_coach_and_always_stops(

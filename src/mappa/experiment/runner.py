@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from mappa.experiment.records import Records, run_dir_answers
+from mappa.experiment.records import Records, run_dir_answers, source_revision
 from mappa.experiment.results import RunRecord, summarize
 from mappa.experiment.spec import ExperimentError, RunSpec, load_experiment, plan_runs
 from mappa.jsonl import append_jsonl, read_jsonl
@@ -168,7 +168,9 @@ class Experiment:
     def train(self, run: RunSpec, label: str) -> None:
         """Train one run (or resume it, or skip it when finished or recorded), then record it."""
         if run.name in self.recorded:
-            print(f"{label}: recorded already ({self.records.root / run.name})", flush=True)
+            code, now = self.records.code(run), source_revision()
+            other = "" if code == now else f"; made by code {code}, this is {now}"
+            print(f"{label}: recorded already ({self.records.root / run.name}{other})", flush=True)
             return
         state = run_state(run)
         if state == "done":
