@@ -163,14 +163,17 @@ class Records:
         tmp.rename(folder)
         return folder
 
+    def _info(self, run: RunSpec) -> dict[str, Any]:
+        """``run``'s record.json."""
+        return dict(json.loads((self.root / run.name / "record.json").read_text()))
+
     def code(self, run: RunSpec) -> str | None:
         """The commit of the code that recorded ``run`` (``None``: unknown, e.g. a record
         older than this field)."""
-        info = json.loads((self.root / run.name / "record.json").read_text())
-        return info.get("code")
+        return self._info(run).get("code")
 
     def read(self, run: RunSpec) -> StoredRun:
         folder = self.root / run.name
-        info = json.loads((folder / "record.json").read_text())
+        info = self._info(run)
         answers = final_answers(read_jsonl(folder / "heldout.jsonl"))
         return StoredRun(read_jsonl(folder / "metrics.jsonl"), info.get("wall_s"), answers)
