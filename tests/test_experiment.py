@@ -19,10 +19,10 @@ from conftest import tiny_run_config
 
 from mappa.experiment import ExperimentError
 from mappa.experiment.markdown import results_markdown
-from mappa.experiment.records import source_revision
 from mappa.experiment.results import TRAIN_WINDOW, RunRecord, summarize
 from mappa.experiment.runner import Experiment
 from mappa.experiment.spec import load_experiment, plan_runs
+from mappa.provenance import note_code, source_revision
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
 
@@ -361,6 +361,8 @@ def _fake_experiment(
         done.write_text(
             '{"accuracy": 0.5}' if name == "base" else f'{{"step": 0, "run": "{name}"}}\n'
         )
+        if name != "base":
+            note_code(done.parent, 0)  # as the training loop does
 
     monkeypatch.setattr(experiment, "_child", child)
     monkeypatch.setattr(experiment, "write_results", lambda: tmp_path / "out" / "results.md")
@@ -419,7 +421,7 @@ def test_records_let_a_rerun_elsewhere_skip_finished_runs_and_refuse_a_changed_c
         "record.json",
     ]
     info = json.loads((records / "process-s0" / "record.json").read_text())
-    assert info["code"] == source_revision() is not None  # this test runs from a checkout
+    assert info["code"] == source_revision() is not None  # the run noted it; from a checkout
     # as if another commit had recorded process-s1
     info = json.loads((records / "process-s1" / "record.json").read_text())
     (records / "process-s1" / "record.json").write_text(json.dumps({**info, "code": "abc"}))
@@ -442,15 +444,13 @@ def test_records_let_a_rerun_elsewhere_skip_finished_runs_and_refuse_a_changed_c
         _fake_experiment(tmp_path / "c", monkeypatch, False, records, ["rl.lr=0.002"])
 
 
-def test_source_revision_is_none_outside_a_git_checkout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from mappa.experiment import records as records_module
+def test_made_by_names_other_code_and_says_when_it_is_unknown() -> None:
+    from mappa.experiment.runner import made_by
 
-    revision = source_revision()
-    assert revision is not None and len(revision.split("+")[0]) == 40
-    monkeypatch.setattr(records_module, "__file__", str(tmp_path / "mappa" / "x" / "records.py"))
-    assert source_revision() is None  # e.g. mappa installed from a wheel
+    assert made_by("abc", "abc") == ""
+    assert made_by("abc", "def") == "; made by code abc, this is def"
+    assert made_by(None, "def") == "; made by code not recorded, this is def"
+    assert made_by("abc", None) == "; made by code abc, this is not a git checkout"
 
 
 def test_coach_server_starts_only_for_arms_that_ask_a_coach_and_always_stops(

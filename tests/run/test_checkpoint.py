@@ -19,6 +19,7 @@ from conftest import tiny_run_config
 
 from mappa.cli import main
 from mappa.jsonl import read_jsonl
+from mappa.provenance import CODE_LOG, run_code, source_revision
 from mappa.run.checkpoint import config_differences, latest_checkpoint
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
@@ -133,6 +134,9 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(
     assert _completions(run_dir / "heldout_episodes.jsonl") == reference["heldout"]
     assert json.loads((run_dir / "adapters" / "step.json").read_text()) == {"step": STEPS}
     assert [d.name for d in (run_dir / "checkpoints").iterdir()] == [f"step-{STEPS:06d}"]
+    noted = read_jsonl(run_dir / CODE_LOG)  # the first start and the resume, same code
+    assert [row["from_step"] for row in noted] == [0, lost_from]
+    assert run_code(run_dir) == source_revision()
 
 
 @pytest.mark.integration

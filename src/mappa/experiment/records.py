@@ -7,21 +7,20 @@ workspaces (tens of kB a run)::
     <records>/<arm>-s<seed>/config.yaml    the run's resolved config
     <records>/<arm>-s<seed>/metrics.jsonl  its step lines (held-out evals, coach health, rl/)
     <records>/<arm>-s<seed>/heldout.jsonl  every held-out answer: step, task_id, correct
-    <records>/<arm>-s<seed>/record.json    wall time, the code that recorded it, the format
+    <records>/<arm>-s<seed>/record.json    wall time, the code that trained it, the format
     <records>/base/eval.json               the base model's held-out evaluation
 
 A record is written only after its run finished, so a record is never half a run. A record
 made with another config than the run it stands for now is refused, not reused. A config
 does not say everything: a default's meaning can change with the code, so a record keeps
-the commit of the code that recorded it (``source_revision``), and a rerun says which
-records another commit made.
+the commit(s) of the code that trained the run, as the run noted them (``run_code``), and a
+rerun says which records other code made.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,31 +30,12 @@ import yaml
 
 from mappa.experiment.spec import ExperimentError, RunSpec
 from mappa.jsonl import append_jsonl, iter_jsonl, read_jsonl
+from mappa.provenance import run_code
 
 FORMAT = 1
 MACHINE_KEYS = ("run_dir", "coach.http.base_url")
 """Config keys that say where a run ran, not what it did (an experiment's coach server
 listens on a free port): two configs that differ only here are the same run."""
-
-
-def source_revision() -> str | None:
-    """The git commit of mappa's source tree, ``+modified`` when its files differ from it;
-    ``None`` when mappa is not run from a git checkout (an installed wheel)."""
-    src = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True
-        )
-        if head.returncode != 0:
-            return None
-        status = subprocess.run(
-            ["git", "-C", str(src), "status", "--porcelain", "--", "."],
-            capture_output=True,
-            text=True,
-        )
-    except OSError:  # no git
-        return None
-    return head.stdout.strip() + ("+modified" if status.stdout.strip() else "")
 
 
 @dataclass
@@ -154,7 +134,7 @@ class Records:
         append_jsonl(tmp / "heldout.jsonl", heldout_rows(run_dir))
         (tmp / "record.json").write_text(
             json.dumps(
-                {"format": FORMAT, "run": run.name, "wall_s": wall_s, "code": source_revision()},
+                {"format": FORMAT, "run": run.name, "wall_s": wall_s, "code": run_code(run_dir)},
                 indent=2,
             )
             + "\n"
@@ -168,8 +148,8 @@ class Records:
         return dict(json.loads((self.root / run.name / "record.json").read_text()))
 
     def code(self, run: RunSpec) -> str | None:
-        """The commit of the code that recorded ``run`` (``None``: unknown, e.g. a record
-        older than this field)."""
+        """The code that trained ``run``, as its record says (``run_code``; ``None``:
+        unknown, e.g. a record older than this field)."""
         return self._info(run).get("code")
 
     def read(self, run: RunSpec) -> StoredRun:

@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from mappa.experiment.records import Records, run_dir_answers, source_revision
+from mappa.experiment.records import Records, run_dir_answers
 from mappa.experiment.results import RunRecord, summarize
 from mappa.experiment.spec import ExperimentError, RunSpec, load_experiment, plan_runs
 from mappa.jsonl import append_jsonl, read_jsonl
+from mappa.provenance import source_revision
 
 if TYPE_CHECKING:
     from mappa.coach.servers import LocalServer
@@ -58,6 +59,13 @@ def _clock(seconds: float) -> str:
     minutes, s = divmod(int(seconds), 60)
     h, m = divmod(minutes, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def made_by(code: str | None, now: str | None) -> str:
+    """What to add to "recorded already" when a record was made by other code than this."""
+    if code == now:
+        return ""
+    return f"; made by code {code or 'not recorded'}, this is {now or 'not a git checkout'}"
 
 
 def run_state(run: RunSpec) -> str:
@@ -168,8 +176,7 @@ class Experiment:
     def train(self, run: RunSpec, label: str) -> None:
         """Train one run (or resume it, or skip it when finished or recorded), then record it."""
         if run.name in self.recorded:
-            code, now = self.records.code(run), source_revision()
-            other = "" if code == now else f"; made by code {code}, this is {now}"
+            other = made_by(self.records.code(run), source_revision())
             print(f"{label}: recorded already ({self.records.root / run.name}{other})", flush=True)
             return
         state = run_state(run)

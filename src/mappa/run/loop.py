@@ -27,6 +27,7 @@ from mappa.coach import CoachFatalError, CoachView, FallbackGuard, score_episode
 from mappa.coach.stats import NoSignalWatch
 from mappa.config import RLConfig, RunConfig
 from mappa.jsonl import append_jsonl, read_jsonl
+from mappa.provenance import note_code
 from mappa.records import append_episodes
 from mappa.rl.kl import KLController
 from mappa.rl.update import NonFiniteError, NonFiniteGuard
@@ -137,6 +138,7 @@ def train(
     live: ScalarLog | None = None
     try:
         start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last
+        note_code(run_dir, start)
         if cfg.train.tensorboard:
             live = ScalarLog(run_dir / "tb", resume_step=start)
         if start:
