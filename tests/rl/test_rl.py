@@ -719,9 +719,10 @@ def test_experience_recomputes_old_logprobs_and_computes_the_kl_once() -> None:
     assert math.isclose(exp.mean_kl(exp.rows("a")), sum(rows[0] + rows[2]) / 5, abs_tol=1e-6)
     assert exp.advantages.shape == exp.returns.shape == exp.old.shape == (4, 3)
     # the gap: old - sample = the drift k1 on every token
-    gap_max, gap_mean = exp.logprob_gap()
-    assert math.isclose(gap_max, max(abs(v) for v in flat), abs_tol=1e-6)
-    assert math.isclose(gap_mean, sum(abs(v) for v in flat) / 8, abs_tol=1e-6)
+    gap = exp.sampler_gap(None).metrics(None)
+    assert math.isclose(gap["rl/logprob_gap_max"], max(abs(v) for v in flat), abs_tol=1e-6)
+    assert math.isclose(gap["rl/logprob_gap_mean"], sum(abs(v) for v in flat) / 8, abs_tol=1e-6)
+    assert "rl/tis_capped_frac" not in gap  # no cap, nothing capped to count
 
 
 def test_experience_truncated_importance_weights() -> None:
@@ -736,21 +737,26 @@ def test_experience_truncated_importance_weights() -> None:
         [[2.0, 2.0, 2.0], [w, w, 0.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
     )  # min(e^1 = 2.718, 2) ; e^-0.5 ; on-policy 1 ; 0 on padding
     assert torch.allclose(exp.is_weights, expected, atol=1e-6)
-    assert math.isclose(exp.tis_capped_frac() or 0.0, 3 / 8)  # a's three tokens hit the cap
-    assert exp.logprob_gap() == pytest.approx((1.0, (3 * 1.0 + 2 * 0.5) / 8))
+    assert exp.sampler_gap(2.0).metrics(2.0) == pytest.approx(
+        {
+            "rl/logprob_gap_max": 1.0,
+            "rl/logprob_gap_mean": (3 * 1.0 + 2 * 0.5) / 8,
+            "rl/tis_capped_frac": 3 / 8,  # a's three tokens hit the cap
+        }
+    )
     off = make_experience(policy, items, RLConfig(tis_cap=None), beta=0.1, temperature=1.0)
-    assert off.is_weights is None and off.tis_capped_frac() is None
+    assert off.is_weights is None
 
 
-def test_experience_without_the_recompute_takes_the_sampling_logprobs_as_old() -> None:
+def test_experience_without_the_recompute_leaves_the_old_logprobs_to_the_update() -> None:
     policy = FakeTablePolicy(["a", "b"])
     _drift(policy)  # the trainer's tables no longer give the sampling log-probs
     items = scored_actions(_episodes(policy), exclude_flagged=True)
     exp = make_experience(policy, items, RLConfig(), 0.1, 1.0, recompute_old=False)
     assert policy.calls == [None, None]  # only the reference pass, per agent's micro-batch
-    assert torch.equal(exp.old, exp.sample)
-    assert exp.is_weights is None  # no recomputed policy to correct towards
-    ref = torch.log_softmax(policy.ref, -1)
+    assert exp.old is None and exp.is_weights is None  # the update's own forward gives them
+    assert exp.sampler_gap(2.0).metrics(2.0) == {}  # measured in the update instead
+    ref = torch.log_softmax(policy.ref, -1)  # the KL in the reward: on the sampling ones
     assert torch.allclose(exp.kl[0], exp.sample[0] - ref[[1, 2, 3]], atol=1e-6)  # k1
 
 
@@ -784,7 +790,7 @@ def test_update_agents_steps_each_agent_and_logs_the_step() -> None:
     rows = [_k1(policy, "a", [1, 2, 3]), _k1(policy, "b", [6, 7]), _k1(policy, "a", [4, 5])]
     rows.append(_k1(policy, "b", [6]))
     out = _update(policy, _episodes(policy), RLConfig(), kl_ctl)
-    stat_keys = [f"rl/{n}/{f.name}" for n in "abc" for f in fields(UpdateStats)]
+    stat_keys = [f"rl/{n}/{f.name}" for n in "abc" for f in fields(UpdateStats) if f.name != "gap"]
     assert list(out) == [
         "kl_beta",
         "trained_actions",
@@ -815,6 +821,38 @@ def test_update_agents_steps_each_agent_and_logs_the_step() -> None:
         "trained_actions": 0,
         "mean_kl": None,
     }
+
+
+def test_the_update_takes_old_logprobs_and_weights_from_its_own_forward() -> None:
+    """Without a recompute pass each micro-batch's old log-probs are its own forward's,
+    detached, and its importance weights are taken against the sampler there: the step and
+    the logged gap are the recomputed update's (no KL, so no reward reads the old ones)."""
+    offsets = {"e1/a": -1.0, "e1/b": 0.5}  # the sampler stands off the trainer
+    cfg = RLConfig(tis_cap=2.0, kl_beta=0.0)
+    tables, logged = {}, {}
+    for recompute in (True, False):
+        policy = FakeTablePolicy(["a", "b"])
+        params = {n: [t] for n, t in policy.tables.items()}
+        out = update_agents(
+            policy,
+            _episodes(policy, offsets=offsets),
+            ["a", "b"],
+            {n: torch.optim.SGD(p, lr=1.0) for n, p in params.items()},
+            params,
+            cfg,
+            KLController(0.0),
+            exclude_flagged=True,
+            temperature=1.0,
+            recompute_old=recompute,
+        )
+        assert out["rl/a/skipped"] == out["rl/b/skipped"] == ""
+        assert policy.calls == (["a", "b"] if recompute else []) + ["a", "b"]  # + the update's
+        tables[recompute] = {n: t.detach().clone() for n, t in policy.tables.items()}
+        logged[recompute] = {k: v for k, v in out.items() if k.startswith("rl/")}
+    for n in ("a", "b"):
+        assert torch.allclose(tables[True][n], tables[False][n], atol=1e-7), n
+    assert logged[False] == pytest.approx(logged[True])
+    assert logged[False]["rl/tis_capped_frac"] == pytest.approx(3 / 8)
 
 
 def test_an_agent_without_reward_signal_takes_no_step() -> None:

@@ -221,7 +221,6 @@ def _start(
         name = wait(backends[0].coach_name.remote(), "starting the coach")
         coach = build.make_coach(cfg, None, backend=lambda: RemoteCoach(backends, name))
     tokenizer = wait(first_engine.tokenizer.remote(), "starting the engines")
-    dtype = wait(trainers[names[0]].dtype.remote(), "starting the trainers")
 
     def update(
         episodes: Sequence[Episode], step: int, kl_ctl: KLController, recompute_old: bool
@@ -235,7 +234,6 @@ def _start(
         engine=engine,
         coach=coach,
         tokenizer=tokenizer,
-        dtype=dtype,
         update=update,
         close=close,
         samplers=EngineRng(distinct_engines),

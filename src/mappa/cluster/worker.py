@@ -99,9 +99,6 @@ class PolicyWorker:
     def tokenizer(self) -> Any:
         return self.policies.tokenizer
 
-    def dtype(self) -> torch.dtype:
-        return next(self.policies.model.parameters()).dtype
-
     # ------------------------------------------------------------------ engine
     def generate(
         self,

@@ -599,12 +599,15 @@ class RLConfig(Strict):
     recompute_old_logprobs: Literal["auto", "always", "never"] = Field(
         "auto",
         description="Recompute the old log-probs (the PPO ratio's denominator, the KL's "
-        "policy side) with the trainer before the update. `auto`: only when the sampler's "
-        "log-probs can differ from the trainer's, i.e. unless the sampler is the trainer's "
-        "own float32 modules (the hf engine in one process, or with `cluster.engines: "
-        "trainer`; measured gap <= 2e-5), which saves a forward pass per update; separate "
-        "engine actors hold copies, so they recompute. `never`: take the sampling log-probs "
-        "(no importance correction then). `always`: recompute, as OpenRLHF and verl do.",
+        "policy side) in a forward pass of their own before the update, as OpenRLHF and verl "
+        "do (`always`). Without it the update's own forward supplies them: one optimizer "
+        "step per agent starts from the old policy, so its log-probs, detached, are exactly "
+        "the old ones (ratio 1, as in TRL's GRPO), and the importance weights against the "
+        "sampler are taken there too; only a KL in the reward, computed before the update, "
+        "then uses the sampling log-probs. `auto`: recompute only for a KL in the reward "
+        "(kl_beta > 0, kl_in_loss false) with a sampler that holds a copy of the weights "
+        "(vLLM, Ray engine actors); the hf engine in one process, or `cluster.engines: "
+        "trainer`, samples from the trainer's own modules. `never`: no recompute pass.",
     )
 
     @property

@@ -9,9 +9,12 @@ The shape of OpenRLHF's experience maker, for MAPPA's REINFORCE++ (docs/design.m
    ``no_grad``, each agent with its own adapter and in the micro-batches its update will
    use (as verl and OpenRLHF recompute them). The PPO ratio and the KL are taken against
    these; the sampling log-probs stay in the record, their gap is logged, and truncated
-   importance sampling (``rl.tis_cap``) corrects for it. Where the sampler is the trainer's
-   own float32 modules the two agree to ~1e-5 and the pass is skipped
-   (``rl.recompute_old_logprobs``: TRL's GRPO likewise takes the current log-probs as old).
+   importance sampling (``rl.tis_cap``) corrects for it. The pass is needed only where the
+   old log-probs enter the reward before the update (a KL penalty in the reward) and the
+   sampler holds a copy of the weights (``rl.recompute_old_logprobs``). Otherwise the
+   update's own forward pass supplies them: it takes one optimizer step per agent on the
+   weights that are the old policy, so its log-probs, detached, are exactly what a
+   recompute would give, without a second forward (TRL's GRPO takes them the same way).
 4. ``reference_logprobs``: the same tokens under the frozen reference (adapters off);
    skipped when the run applies no KL (beta = 0).
 5. ``compute_advantages``: the per-token KL estimate log pi_old - log pi_ref (computed
@@ -25,6 +28,7 @@ completion_ids`` of each action as sampled.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -65,20 +69,22 @@ class Experience(RolloutBatch):
 
     Attributes:
         old: log-probs of the completion tokens under each agent's policy before the update
-            (the PPO ratio's denominator): recomputed in the training layout, or the
-            sampling log-probs where those are the trainer's own (``make_experience``).
+            (the PPO ratio's denominator), recomputed in the training layout; ``None``: the
+            update's own forward supplies them, micro-batch by micro-batch
+            (``make_experience``).
         ref: log-probs under the frozen reference (``None`` when no KL is applied).
-        kl: the per-token KL estimate ``rl.kl_estimator`` of old vs reference (``None``
-            when no KL is applied).
+        kl: the per-token KL estimate ``rl.kl_estimator`` of old (the sampling log-probs
+            where ``old`` is ``None``) vs reference (``None`` when no KL is applied).
         returns: returns-to-go of the KL-shaped token rewards.
         advantages: the estimator's advantages.
         signal: ``(B,)`` bool, rows whose reward differs from one they are compared with.
         is_weights: truncated importance weights min(exp(old - sample), rl.tis_cap) on valid
-            tokens (``None`` when ``rl.tis_cap`` is null).
+            tokens (``None`` when ``rl.tis_cap`` is null or ``old`` is ``None``: the update
+            then weighs each micro-batch from its own forward).
         counts: the estimator's degenerate-case counts (``rl/<key>`` in the log).
     """
 
-    old: torch.Tensor
+    old: torch.Tensor | None
     ref: torch.Tensor | None
     kl: torch.Tensor | None
     returns: torch.Tensor
@@ -97,18 +103,54 @@ class Experience(RolloutBatch):
         idx = list(rows)
         return float(masked_mean(self.kl[idx], self.valid[idx]))
 
-    def logprob_gap(self) -> tuple[float, float]:
-        """(max, mean) of |old recomputed - sampling| over the real completion tokens."""
-        gap = (self.old - self.sample).abs() * self.valid
-        return float(gap.max()), float(masked_mean(gap, self.valid))
+    def sampler_gap(self, cap: float | None) -> SamplerGap:
+        """The recomputed old log-probs against the sampling ones over every real completion
+        token (empty when ``old`` is ``None``: the update measures it then)."""
+        gap = SamplerGap()
+        if self.old is not None:
+            gap.add(self.old, self.sample, self.valid, cap)
+        return gap
 
-    def tis_capped_frac(self) -> float | None:
-        """Fraction of real completion tokens whose importance weight hit the cap."""
-        if self.is_weights is None:
-            return None
-        ratio = torch.exp(torch.clamp(self.old - self.sample, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        capped = (ratio > self.is_weights).float()
-        return float(masked_mean(capped, self.valid))
+
+@dataclass
+class SamplerGap:
+    """How far the trainer's log-probs of the sampled tokens are from the sampler's, summed
+    over the tokens measured (``add`` once per micro-batch, ``merge`` across agents): logged
+    as ``rl/logprob_gap_max``, ``rl/logprob_gap_mean`` and, with ``rl.tis_cap``,
+    ``rl/tis_capped_frac`` (the share of tokens whose importance weight hit the cap)."""
+
+    max: float = 0.0
+    total: float = 0.0
+    tokens: int = 0
+    capped: int = 0
+
+    def add(
+        self, trainer: torch.Tensor, sample: torch.Tensor, mask: torch.Tensor, cap: float | None
+    ) -> None:
+        diff = (trainer - sample) * mask
+        self.max = max(self.max, float(diff.abs().max())) if diff.numel() else self.max
+        self.total += float(diff.abs().sum())
+        self.tokens += int(mask.sum())
+        if cap is not None:
+            over = torch.clamp(diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP) > math.log(cap)
+            self.capped += int((over * mask.bool()).sum())
+
+    def merge(self, other: SamplerGap) -> SamplerGap:
+        return SamplerGap(
+            max(self.max, other.max),
+            self.total + other.total,
+            self.tokens + other.tokens,
+            self.capped + other.capped,
+        )
+
+    def metrics(self, cap: float | None) -> dict[str, float]:
+        """The ``rl/`` keys; none when no token was measured."""
+        if not self.tokens:
+            return {}
+        out = {"rl/logprob_gap_max": self.max, "rl/logprob_gap_mean": self.total / self.tokens}
+        if cap is not None:
+            out["rl/tis_capped_frac"] = self.capped / self.tokens
+        return out
 
 
 def scored_actions(
@@ -332,23 +374,23 @@ def make_experience(
     """Scored actions -> padded batch, old and reference log-probs, KL, returns, advantages
     and importance weights.
 
-    ``recompute_old`` false: the sampling log-probs are the old ones (the sampler is the
-    trainer's own float32 modules, ``rl.recompute_old_logprobs``); there is then no gap to
-    correct, so no importance weights either.
+    ``recompute_old`` false (``rl.recompute_old_logprobs``): no recompute pass; ``old`` is
+    ``None``, the update's own forward supplies the old log-probs and the importance
+    weights, and the KL is estimated on the sampling log-probs.
     """
     batch = build_batch(items, cfg)
     old = (
         behaviour_logprobs(policy, batch, cfg.micro_batch_size, temperature)
         if recompute_old
-        else batch.sample
+        else None
     )
     ref = None
     if beta > 0:
         ref = reference_logprobs(policy, batch, cfg.micro_batch_size, temperature)
-    est, kl = compute_advantages(batch, old, ref, cfg, beta)
+    est, kl = compute_advantages(batch, batch.sample if old is None else old, ref, cfg, beta)
     weights = (
         None
-        if cfg.tis_cap is None or not recompute_old
+        if cfg.tis_cap is None or old is None
         else tis_weights(old, batch.sample, batch.valid, cfg.tis_cap)
     )
     return Experience(

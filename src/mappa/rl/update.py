@@ -1,9 +1,10 @@
 """One optimizer step per agent, and the whole update of a training step.
 
 ``update_agents`` is what the training loop calls after the coach scored a step's episodes:
-it makes the experience (``mappa.rl.experience``: padded batch, recomputed old and reference
-log-probs, KL, advantages over the whole batch), runs ``policy_step`` for each agent on its
-rows, and adapts the KL coefficient. The model is reached only through ``TrainablePolicy``.
+it makes the experience (``mappa.rl.experience``: padded batch, old log-probs where a
+recompute is needed, reference log-probs, KL, advantages over the whole batch), runs
+``policy_step`` for each agent on its rows, and adapts the KL coefficient. The model is
+reached only through ``TrainablePolicy``.
 
 An agent none of whose actions carries reward signal (every scalar reward it is compared
 with is equal, or every completion is masked out) takes no optimizer step at all: Adam
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -31,12 +32,14 @@ from mappa.models.memory import trim_heap
 from mappa.records import Episode
 from mappa.rl.experience import (
     Experience,
+    SamplerGap,
     action_logprobs,
     check_group_sizes,
     fit_width,
     make_experience,
     micro_batches,
     scored_actions,
+    tis_weights,
 )
 from mappa.rl.kl import KLController
 from mappa.rl.loss import LossConfig, policy_loss
@@ -86,6 +89,13 @@ class UpdateStats:
     entropy: float = 0.0
     grad_norm: float = 0.0
     skipped: str = ""
+    # measured in the update's own forward where the old log-probs come from it; not logged
+    # per agent, but merged into the step's rl/logprob_gap_* keys
+    gap: SamplerGap = field(default_factory=SamplerGap)
+
+    def logged(self) -> dict[str, Any]:
+        """The ``rl/<agent>/<field>`` values."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "gap"}
 
 
 def policy_step(
@@ -101,8 +111,10 @@ def policy_step(
     """One optimizer step for ``agent`` over its rows of ``exp`` (micro-batched).
 
     PPO-clip loss on the rows' unmasked tokens (aggregated over the agent's whole batch, so
-    micro-batches add up to one batch loss), ratio against the recomputed old log-probs,
-    truncated importance weights, grad-norm clipping, one optimizer step. No step at all
+    micro-batches add up to one batch loss), ratio against the old log-probs (recomputed, or
+    where ``exp.old`` is ``None`` this forward's own, detached: the weights have not moved
+    yet, so the ratio is 1 and the gradient the policy gradient), truncated importance
+    weights, grad-norm clipping, one optimizer step. No step at all
     (``skipped`` says why) when the agent has no action, every completion is masked out, no
     action carries reward signal, or the loss or gradient is not finite (``NON_FINITE``).
     ``mean_kl`` is read from ``exp.kl``, computed once. After a step the C heap is trimmed
@@ -141,7 +153,8 @@ def policy_step(
         kl_beta_in_loss=beta if cfg.kl_in_loss else 0.0,
         kl_estimator=cfg.kl_estimator,
     )
-    width = exp.old.shape[1]
+    width = exp.sample.shape[1]
+    gap = SamplerGap()
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0}
     for idx in micro_batches(rows, cfg.micro_batch_size, exp.actions):
@@ -152,16 +165,17 @@ def policy_step(
         out = action_logprobs(policy, agent, chunk, temperature, with_entropy=True)
         logp = fit_width(out.logprobs, width)
         dev = logp.device
+        old, weights = _old_and_weights(exp, idx, logp.detach(), m.to(dev), cfg.tis_cap, gap)
         loss, stats = policy_loss(
             logp,
-            exp.old[idx].to(dev),
+            old,
             exp.advantages[idx].to(dev),
             m.to(dev),
             loss_cfg,
             normalizer=normalizer,
             logp_ref=None if exp.ref is None else exp.ref[idx].to(dev),
             entropy=None if out.entropy is None else fit_width(out.entropy.detach(), width),
-            is_weights=None if exp.is_weights is None else exp.is_weights[idx].to(dev),
+            is_weights=weights,
         )
         torch.autograd.backward(loss)  # = loss.backward(), whose signature is unannotated
         share = float(m.sum()) / n_tokens  # token-weighted averages of the statistics
@@ -185,7 +199,27 @@ def policy_step(
         approx_kl=totals["approx_kl"],
         entropy=totals["entropy"],
         skipped="" if finite else NON_FINITE,
+        gap=gap,
     )
+
+
+def _old_and_weights(
+    exp: Experience,
+    idx: list[int],
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float | None,
+    gap: SamplerGap,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A micro-batch's old log-probs and importance weights: the experience's, or, where it
+    has no old log-probs, this forward's own ``logp`` (detached), weighed against the
+    sampling log-probs on ``mask`` and added to ``gap``."""
+    dev = logp.device
+    if exp.old is not None:
+        return exp.old[idx].to(dev), None if exp.is_weights is None else exp.is_weights[idx].to(dev)
+    sample = exp.sample[idx].to(dev)
+    gap.add(logp, sample, mask, cap)
+    return logp, None if cap is None else tis_weights(logp, sample, mask, cap)
 
 
 AgentSteps = Callable[[Experience], Mapping[str, UpdateStats]]
@@ -210,9 +244,10 @@ def run_update(
     Returns the step's metrics: ``kl_beta`` (the beta used), ``trained_actions``,
     ``rl/<agent>/<stat>`` for every ``UpdateStats`` field, ``mean_kl`` over all real
     completion tokens (``None`` when no action was scored or the run applies no KL),
-    ``rl/logprob_gap_max`` and ``rl/logprob_gap_mean`` (|recomputed old - sampling|; only
-    with ``recompute_old``, else the old log-probs are the sampling ones: see
-    ``make_experience``), ``rl/tis_capped_frac`` (with ``rl.tis_cap``) and the estimator's
+    ``rl/logprob_gap_max`` and ``rl/logprob_gap_mean`` (|trainer - sampling| log-probs: the
+    recomputed old ones over every completion token with ``recompute_old``, else the
+    update's own over the tokens it trained on), ``rl/tis_capped_frac`` (with
+    ``rl.tis_cap``) and the estimator's
     degenerate-case counts (``rl/unwhitened_scopes``; ``rl/flat_groups``,
     ``rl/singleton_groups``).
 
@@ -225,13 +260,12 @@ def run_update(
         out["mean_kl"] = None
         return out
     exp = make_experience(policy, items, cfg, kl_ctl.beta, temperature, recompute_old)
+    gap = exp.sampler_gap(cfg.tis_cap)
     for name, stats in step_agents(exp).items():
-        out.update({f"rl/{name}/{k}": v for k, v in asdict(stats).items()})
+        out.update({f"rl/{name}/{k}": v for k, v in stats.logged().items()})
+        gap = gap.merge(stats.gap)
     out["mean_kl"] = exp.mean_kl()
-    if recompute_old:
-        out["rl/logprob_gap_max"], out["rl/logprob_gap_mean"] = exp.logprob_gap()
-    if exp.is_weights is not None:
-        out["rl/tis_capped_frac"] = exp.tis_capped_frac()
+    out.update(gap.metrics(cfg.tis_cap))
     out.update({f"rl/{k}": v for k, v in exp.counts.items()})
     if out["mean_kl"] is not None:
         kl_ctl.update(out["mean_kl"], int(exp.valid.sum()))

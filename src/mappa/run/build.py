@@ -315,7 +315,6 @@ def local_models(cfg: RunConfig, policies: AgentPolicies | None = None) -> RunMo
         engine=engine,
         coach=coach,
         tokenizer=policies.tokenizer,
-        dtype=next(policies.model.parameters()).dtype,
         update=update,
         close=engine.close,
     )

@@ -55,22 +55,23 @@ def resolve_run_dir(run_dir: Path) -> Path:
     return path
 
 
-def recomputes_old_logprobs(
-    rl: RLConfig, engine_name: str, dtype: torch.dtype, *, sampler_is_trainer: bool
-) -> bool:
-    """Whether the update recomputes the old log-probs (``rl.recompute_old_logprobs``).
+def recomputes_old_logprobs(rl: RLConfig, *, sampler_is_trainer: bool) -> bool:
+    """Whether the update recomputes the old log-probs in a pass of its own before it trains
+    (``rl.recompute_old_logprobs``).
 
-    ``auto`` skips the pass only where the sampling log-probs are the trainer's own: an hf
-    engine that is the trainer's modules themselves (``sampler_is_trainer``: see
-    ``samples_from_trainer``), in float32, where the two layouts (incremental decoding vs
-    one full forward) agree to ~1e-5, so a recompute would only cost a forward pass. In half
-    precision, on another engine, or from a copy of the modules (a Ray engine actor, maybe
-    on another device or in another dtype) they can differ.
+    ``auto`` recomputes only where the old log-probs are needed before the update and the
+    sampling ones may stand far from them: a KL penalty in the reward (its advantages are
+    computed before any agent trains) with a sampler that holds a copy of the weights
+    (another engine, a Ray actor, maybe another device or dtype: ``sampler_is_trainer``
+    false, see ``samples_from_trainer``). Everywhere else the update's own forward supplies
+    them exactly (``mappa.rl.experience``), and a KL in the reward is taken on the sampling
+    log-probs of the trainer's own modules.
     """
     mode = rl.recompute_old_logprobs
     if mode != "auto":
         return mode == "always"
-    return not (sampler_is_trainer and engine_name == "hf" and dtype == torch.float32)
+    kl_in_reward = rl.kl_beta > 0 and not rl.kl_in_loss
+    return kl_in_reward and not sampler_is_trainer
 
 
 def samples_from_trainer(models: RunModels) -> bool:
@@ -132,9 +133,7 @@ def train(
     except BaseException:
         models.close()
         raise
-    recompute_old = recomputes_old_logprobs(
-        cfg.rl, engine.name, models.dtype, sampler_is_trainer=samples_from_trainer(models)
-    )
+    recompute_old = recomputes_old_logprobs(cfg.rl, sampler_is_trainer=samples_from_trainer(models))
     live: ScalarLog | None = None
     try:
         start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last

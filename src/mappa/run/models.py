@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mappa.models.interface import AdapterSource, RolloutEngine
 
 if TYPE_CHECKING:
-    import torch
-
     from mappa.coach import CoachBackend
     from mappa.records import Episode
     from mappa.rl.kl import KLController
@@ -53,8 +51,6 @@ class RunModels:
     engine: RolloutEngine
     coach: CoachBackend | None
     tokenizer: Any
-    dtype: torch.dtype
-    """The trainer's parameter dtype (``rl.recompute_old_logprobs: auto`` asks for it)."""
     update: UpdateFn
     close: Callable[[], None]
     samplers: Stateful | None = None
