@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mappa.cli import default_config
     from mappa.config import load_config
-    from mappa.run.loop import train
+    from mappa.run.loop import recomputes_old_logprobs, train
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="mappa-gpu-check-"))
     model_dir, run_dir = work / "model", work / "run"
@@ -289,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if cuda else "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
     cfg = config(args.steps + 1)
-    passes = 4 + 2 * (dtype != "float32") + 2 * (cfg.rl.kl_beta > 0)
+    recomputed = recomputes_old_logprobs(cfg.rl, sampler_is_trainer=True)  # the hf engine here
+    passes = 4 + 2 * recomputed + 2 * (cfg.rl.kl_beta > 0)
     steps = []
     for row in rows:
         trained = tokens.get(row["step"], 0)

@@ -241,9 +241,8 @@ def measure_update(quick: bool) -> dict[str, Any]:
     system, user = spec["conversation"]
     prompt = ChatFormat(policies.tokenizer).first_prompt(system["content"], user["content"])
     name = cfg.agents[0].name
-    dtype = next(policies.model.parameters()).dtype
     # as `mappa train` decides for its in-process hf engine
-    recompute_old = recomputes_old_logprobs(cfg.rl, "hf", dtype, sampler_is_trainer=True)
+    recompute_old = recomputes_old_logprobs(cfg.rl, sampler_is_trainer=True)
     rng = random.Random(0)
     torch.manual_seed(0)
     times, tokens = [], []
