@@ -593,7 +593,7 @@ class RLConfig(Strict):
         2.0,
         ge=1.0,
         description="Truncated importance sampling: each token's loss is weighted by "
-        "min(exp(log pi_old - log pi_sample), tis_cap), pi_old recomputed in the training "
+        "min(exp(log pi_old - log pi_sample), tis_cap), pi_old the trainer's in the training "
         "layout, pi_sample the sampling log-probs (verl's default cap 2). null: no correction.",
     )
     recompute_old_logprobs: Literal["auto", "always", "never"] = Field(

@@ -128,7 +128,7 @@ class SamplerGap:
         self, trainer: torch.Tensor, sample: torch.Tensor, mask: torch.Tensor, cap: float | None
     ) -> None:
         diff = (trainer - sample) * mask
-        self.max = max(self.max, float(diff.abs().max())) if diff.numel() else self.max
+        self.max = max(self.max, float(diff.abs().max()))
         self.total += float(diff.abs().sum())
         self.tokens += int(mask.sum())
         if cap is not None:
