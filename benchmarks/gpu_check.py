@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from mappa.cli import default_config
     from mappa.config import load_config
-    from mappa.run.loop import recomputes_old_logprobs, train
+    from mappa.rl.experience import needs_old_pass
+    from mappa.run.loop import train
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="mappa-gpu-check-"))
     model_dir, run_dir = work / "model", work / "run"
@@ -289,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if cuda else "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
     cfg = config(args.steps + 1)
-    recomputed = recomputes_old_logprobs(cfg.rl, sampler_is_trainer=True)  # the hf engine here
+    several = cfg.rl.mini_batch_size is not None  # at most: the pass when an agent steps twice
+    recomputed = needs_old_pass(cfg.rl, cfg.rl.kl_beta, several)
     passes = 4 + 2 * recomputed + 2 * (cfg.rl.kl_beta > 0)
     steps = []
     for row in rows:

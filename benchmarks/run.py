@@ -229,7 +229,6 @@ def measure_update(quick: bool) -> dict[str, Any]:
     from mappa.rl.kl import KLController
     from mappa.rl.update import update_agents
     from mappa.run import build
-    from mappa.run.loop import recomputes_old_logprobs
     from mappa.workflow.chat import ChatFormat
 
     spec = _update_spec(quick)
@@ -241,8 +240,7 @@ def measure_update(quick: bool) -> dict[str, Any]:
     system, user = spec["conversation"]
     prompt = ChatFormat(policies.tokenizer).first_prompt(system["content"], user["content"])
     name = cfg.agents[0].name
-    # as `mappa train` decides for its in-process hf engine
-    recompute_old = recomputes_old_logprobs(cfg.rl, sampler_is_trainer=True)
+    recompute_old = cfg.rl.recompute_old_logprobs == "always"  # as `mappa train` passes it
     rng = random.Random(0)
     torch.manual_seed(0)
     times, tokens = [], []

@@ -3,6 +3,7 @@ expected value), with padding and truncated (masked-out) completions present."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -28,10 +29,14 @@ from mappa.rl import (
 from mappa.rl.advantages import EstimatorConfig, Groups
 from mappa.rl.core import grouped_whiten
 from mappa.rl.experience import (
+    StaleOldLogprobsError,
     build_batch,
     check_group_sizes,
+    compute_advantages,
     make_experience,
+    micro_batches,
     scored_actions,
+    step_layout,
 )
 from mappa.rl.kl import (
     DEFAULT_KL_ESTIMATOR,
@@ -44,7 +49,7 @@ from mappa.rl.kl import (
 )
 from mappa.rl.loss import LossConfig
 from mappa.rl.rewards import mix_reward
-from mappa.rl.update import UpdateStats, update_agents
+from mappa.rl.update import UpdateStats, policy_step, update_agents
 
 REWARDS = torch.tensor([0.8, 0.3])
 KL = torch.tensor([[0.1, -0.2, 0.3], [0.5, 0.0, 9.9]])  # 9.9 sits on padding
@@ -748,16 +753,116 @@ def test_experience_truncated_importance_weights() -> None:
     assert off.is_weights is None
 
 
-def test_experience_without_the_recompute_leaves_the_old_logprobs_to_the_update() -> None:
+def _mean_trainer_k1(policy: FakeTablePolicy) -> float:
+    """Mean k1 of the trainer's tables against the reference over the trained tokens of
+    ``_episodes`` (b's flagged action left out): what the KL rule measures."""
+    rows = [_k1(policy, "a", [1, 2, 3]), _k1(policy, "b", [6, 7]), _k1(policy, "a", [4, 5])]
+    rows.append(_k1(policy, "b", [6]))
+    return sum(v for r in rows for v in r) / 8
+
+
+@pytest.mark.parametrize("kl_beta", [0.1, 0.0])
+def test_the_rewards_kl_is_the_trainers_whatever_the_sampler(kl_beta: float) -> None:
+    """The KL rule (docs/algorithm.md §2): the policy side of the reward's KL is the
+    trainer's old log-probs, from a pass before any step, on every path: the loop asks for
+    no pass (``recompute_old`` false, as under ``rl.recompute_old_logprobs: auto`` for any
+    engine) and the sampler stands off the trainer (another engine, another dtype). Without
+    a KL nothing needs the old log-probs before the step: no pass, the update's forward
+    supplies them."""
     policy = FakeTablePolicy(["a", "b"])
-    _drift(policy)  # the trainer's tables no longer give the sampling log-probs
+    _drift(policy)
+    offsets = {"e1/a": 0.3, "e1/b": -0.2, "e2/a": 0.1, "e2/b": 0.4}  # the sampler's gap
+    items = scored_actions(_episodes(policy, offsets=offsets), exclude_flagged=True)
+    exp = make_experience(policy, items, RLConfig(kl_beta=kl_beta), kl_beta, 1.0, False)
+    if kl_beta == 0.0:
+        assert policy.calls == [] and exp.old is None and exp.kl is None
+        return
+    assert policy.calls == ["a", "b", None, None]  # the old pass, then the reference
+    assert exp.kl is not None and exp.old is not None
+    lp_a = torch.log_softmax(policy.tables["a"].detach(), -1)
+    assert torch.equal(exp.old[0], lp_a[[1, 2, 3]])
+    assert torch.allclose(exp.kl[0], torch.tensor(_k1(policy, "a", [1, 2, 3])), atol=1e-6)
+    assert exp.mean_kl() == pytest.approx(_mean_trainer_k1(policy), abs=1e-6)
+
+
+def test_with_the_kl_in_the_loss_beta_reads_the_kl_the_loss_penalises() -> None:
+    """``kl_in_loss`` with a sampler that holds a copy (vLLM): the loss penalises
+    k(log pi, log pi_ref) of the trainer, which at the first step's forward is the
+    trainer's k(log pi_old, log pi_ref); the adaptive beta must read that same KL, not one
+    taken on the sampling log-probs."""
+    policy = FakeTablePolicy(["a", "b"])
+    _drift(policy)
+    expected = _mean_trainer_k1(policy)
+    offsets = {"e1/a": 0.3, "e1/b": -0.2, "e2/a": 0.1, "e2/b": 0.4}
+    cfg = RLConfig(kl_in_loss=True, kl_target=0.1, kl_horizon=100)
+    kl_ctl = KLController(0.1, target=0.1, horizon=100)
+    params = {n: [t] for n, t in policy.tables.items()}
+    out = update_agents(
+        policy,
+        _episodes(policy, offsets=offsets),
+        ["a", "b"],
+        {n: torch.optim.SGD(p, lr=0.1) for n, p in params.items()},
+        params,
+        cfg,
+        kl_ctl,
+        exclude_flagged=True,
+        temperature=1.0,
+        recompute_old=False,  # as the loop asks under ``auto``, for every sampler
+    )
+    assert out["mean_kl"] == pytest.approx(expected, abs=1e-6)
+    error = max(-0.2, min(0.2, (expected - 0.1) / 0.1))
+    assert kl_ctl.beta == pytest.approx(0.1 * (1 + error * 8 / 100), rel=1e-6)
+
+
+def test_a_kl_without_the_old_logprobs_is_refused() -> None:
+    policy = FakeTablePolicy(["a", "b"])
+    batch = build_batch(scored_actions(_episodes(policy), exclude_flagged=True), RLConfig())
+    ref = torch.zeros_like(batch.sample)
+    with pytest.raises(ValueError, match="old log-probs"):
+        compute_advantages(batch, None, ref, RLConfig(), 0.1)
+
+
+def test_no_second_step_over_one_experience_on_own_forward_old_logprobs() -> None:
+    """The guard: only an agent's first optimizer step may take the old log-probs from its
+    own forward; a second one over the same experience (a second mini-batch, or the step
+    called again) would be an unclipped update against a policy that already moved."""
+    policy = FakeTablePolicy(["a", "b"])
     items = scored_actions(_episodes(policy), exclude_flagged=True)
-    exp = make_experience(policy, items, RLConfig(), 0.1, 1.0, recompute_old=False)
-    assert policy.calls == [None, None]  # only the reference pass, per agent's micro-batch
-    assert exp.old is None and exp.is_weights is None  # the update's own forward gives them
-    assert exp.sampler_gap(2.0).metrics(2.0) == {}  # measured in the update instead
-    ref = torch.log_softmax(policy.ref, -1)  # the KL in the reward: on the sampling ones
-    assert torch.allclose(exp.kl[0], exp.sample[0] - ref[[1, 2, 3]], atol=1e-6)  # k1
+    params = [policy.tables["a"]]
+    sgd = torch.optim.SGD(params, lr=0.1)
+    cfg = RLConfig(kl_beta=0.0)
+    single = make_experience(policy, items, cfg, 0.0, 1.0)
+    assert single.old is None and len(single.layout["a"]) == 1  # the own forward serves it
+    assert policy_step(policy, "a", single, sgd, params, cfg, 0.0).steps == 1
+    with pytest.raises(StaleOldLogprobsError, match="'a' already took an optimizer step"):
+        policy_step(policy, "a", single, sgd, params, cfg, 0.0)
+    several = RLConfig(kl_beta=0.0, mini_batch_size=1)
+    exp = make_experience(policy, items, several, 0.0, 1.0)
+    assert exp.old is not None and len(exp.layout["a"]) == 2  # the pass before the first step
+    before = policy.tables["a"].detach().clone()
+    with pytest.raises(StaleOldLogprobsError):  # as if the pass were left out
+        policy_step(policy, "a", dataclasses.replace(exp, old=None), sgd, params, several, 0.0)
+    assert policy.tables["a"].detach().sub(before).abs().max() > 0  # the first step only
+    assert policy_step(policy, "a", exp, sgd, params, several, 0.0).steps == 2
+
+
+def test_mini_batches_are_a_seeded_shuffle_of_every_row() -> None:
+    from types import SimpleNamespace
+
+    acts = [SimpleNamespace(prompt_ids=[0] * (i % 3 + 1), completion_ids=[0]) for i in range(10)]
+    cfg = RLConfig(mini_batch_size=4, micro_batch_size=2)
+    layout = step_layout(range(10), cfg, acts, "0/3/a")  # type: ignore[arg-type]
+    assert layout == step_layout(range(10), cfg, acts, "0/3/a")  # type: ignore[arg-type]
+    assert [sum(map(len, m)) for m in layout] == [4, 4, 2]
+    rows = [i for m in layout for b in m for i in b]
+    assert sorted(rows) == list(range(10)) and rows != list(range(10))
+    others = {
+        str(step_layout(range(10), cfg, acts, f"0/{s}/a"))  # type: ignore[arg-type]
+        for s in range(4, 10)
+    }
+    assert len(others) > 1  # the order changes with the seed
+    one = RLConfig(micro_batch_size=2)  # null: all rows, one step
+    assert step_layout(range(10), one, acts, "x") == [micro_batches(range(10), 2, acts)]  # type: ignore[arg-type]
 
 
 def _update(
@@ -790,7 +895,10 @@ def test_update_agents_steps_each_agent_and_logs_the_step() -> None:
     rows = [_k1(policy, "a", [1, 2, 3]), _k1(policy, "b", [6, 7]), _k1(policy, "a", [4, 5])]
     rows.append(_k1(policy, "b", [6]))
     out = _update(policy, _episodes(policy), RLConfig(), kl_ctl)
-    stat_keys = [f"rl/{n}/{f.name}" for n in "abc" for f in fields(UpdateStats) if f.name != "gap"]
+    hidden = ("gap", "per_step")
+    stat_keys = [
+        f"rl/{n}/{f.name}" for n in "abc" for f in fields(UpdateStats) if f.name not in hidden
+    ]
     assert list(out) == [
         "kl_beta",
         "trained_actions",

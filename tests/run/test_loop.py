@@ -12,12 +12,11 @@ import torch
 from conftest import tiny_run_config
 from safetensors.torch import load_file
 
-from mappa.config import RLConfig
 from mappa.jsonl import read_jsonl
 from mappa.models.loading import load_base
 from mappa.records import read_episodes
 from mappa.run.build import load_policies
-from mappa.run.loop import recomputes_old_logprobs, train
+from mappa.run.loop import train
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
 
@@ -214,94 +213,3 @@ def test_non_finite_guard_counts_only_steps_in_a_row() -> None:
     assert guard.counts == {"a": 1, "b": 0}
     with pytest.raises(NonFiniteError, match=r"'a'.*2 steps in a row \(up to step 3\)"):
         guard.check(3, bad)
-
-
-@pytest.mark.parametrize(
-    ("mode", "settings", "own", "expected"),
-    [
-        ("auto", {}, True, False),  # the sampler is the trainer: the update's forward is old
-        ("auto", {}, False, True),  # a copy (vLLM, a Ray engine actor) and a KL in the reward
-        ("auto", {"kl_beta": 0}, False, False),  # no KL: nothing needs them before the update
-        ("auto", {"kl_in_loss": True}, False, False),  # the loss takes its own KL
-        ("always", {}, True, True),
-        ("never", {}, False, False),
-    ],
-)
-def test_when_the_old_logprobs_are_recomputed(
-    mode: str, settings: dict[str, Any], own: bool, expected: bool
-) -> None:
-    rl = RLConfig.model_validate({"recompute_old_logprobs": mode, **settings})
-    assert recomputes_old_logprobs(rl, sampler_is_trainer=own) is expected
-
-
-class FakeSeparateHfEngine:
-    """A fake of Ray's separate hf engine actors (``RemoteEngine`` with ``cluster.engines:
-    one | per_agent``): named ``hf``, not the trainer's modules (``shares_trainer`` false),
-    it samples by asking ``policies`` here, which a real engine actor holds a copy of."""
-
-    name = "hf"
-
-    def __init__(self, policies: Any, *, shares_trainer: bool = False) -> None:
-        self.policies, self.shares_trainer = policies, shares_trainer
-
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        from mappa.models.hf_engine import HfEngine
-
-        return HfEngine(self.policies).generate(*args, **kwargs)
-
-    def sync(self, source: Any, step: int) -> None:
-        pass
-
-    def release(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def test_which_samplers_are_the_trainers_own_modules() -> None:
-    from types import SimpleNamespace
-
-    from mappa.models.hf_engine import HfEngine
-    from mappa.run.loop import samples_from_trainer
-
-    policies = object()
-    here = SimpleNamespace(policies=policies, engine=HfEngine(policies))  # type: ignore[arg-type]
-    assert samples_from_trainer(here)  # type: ignore[arg-type]  # in-process hf: the policies
-    separate = SimpleNamespace(policies=policies, engine=FakeSeparateHfEngine(policies))
-    assert not samples_from_trainer(separate)  # type: ignore[arg-type]
-    trainers = FakeSeparateHfEngine(policies, shares_trainer=True)  # cluster.engines: trainer
-    assert samples_from_trainer(SimpleNamespace(policies=policies, engine=trainers))  # type: ignore[arg-type]
-
-
-def test_auto_recomputes_the_old_logprobs_of_a_separate_hf_engine(
-    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The loop's own decision: a trainer whose hf sampler is a separate copy (as Ray's
-    engine actors are) gets its old log-probs recomputed under ``auto`` (the tiny config
-    puts a KL in the reward)."""
-    import dataclasses
-
-    from mappa.run import build
-    from mappa.run import loop as train_module
-    from mappa.run.models import RunModels
-
-    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.steps=1")
-    assert cfg.rollout.engine == "hf" and cfg.rl.recompute_old_logprobs == "auto"
-    asked: list[bool] = []
-
-    def models(cfg: Any, policies: Any) -> RunModels:
-        local = build.local_models(cfg, policies)
-
-        def update(episodes: Any, step: int, kl_ctl: Any, recompute_old: bool) -> Any:
-            asked.append(recompute_old)
-            return local.update(episodes, step, kl_ctl, recompute_old)
-
-        engine = FakeSeparateHfEngine(local.policies)
-        return dataclasses.replace(local, engine=engine, update=update)
-
-    monkeypatch.setattr(train_module, "_models", models)
-    run_dir = train(cfg)
-    assert asked == [True]
-    [m] = read_jsonl(run_dir / "metrics.jsonl")
-    assert m["rl/logprob_gap_max"] >= 0.0

@@ -15,6 +15,7 @@ from typing import Any
 from mappa.cluster.remote import RemotePolicies
 from mappa.config import RunConfig
 from mappa.records import Episode
+from mappa.rl.experience import shuffle_seed
 from mappa.rl.kl import KLController
 from mappa.rl.schedule import set_step_lr
 from mappa.rl.update import run_update
@@ -44,6 +45,7 @@ def remote_update(
             exclude_flagged=cfg.coach.exclude_flagged,
             temperature=temperature,
             recompute_old=recompute_old,
+            seed=shuffle_seed(cfg.seed, step),
         )
     )
     return out

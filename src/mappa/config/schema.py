@@ -522,7 +522,8 @@ class RLConfig(Strict):
     kl_target: float | None = Field(
         None,
         gt=0.0,
-        description="Adaptive beta: steer the mean KL toward this value (null: fixed).",
+        description="Adaptive beta: steer the mean KL toward this value (null: fixed); the "
+        "KL read is the trainer's, as in the reward (docs/algorithm.md §2).",
     )
     kl_horizon: int = Field(
         10_000, ge=1, description="Adaptive beta: tokens over which beta adapts."
@@ -596,18 +597,24 @@ class RLConfig(Strict):
         "min(exp(log pi_old - log pi_sample), tis_cap), pi_old the trainer's in the training "
         "layout, pi_sample the sampling log-probs (verl's default cap 2). null: no correction.",
     )
-    recompute_old_logprobs: Literal["auto", "always", "never"] = Field(
+    mini_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences (actions) per optimizer step, per agent: each agent's rows of "
+        "a rollout batch are shuffled (seeded by the run's seed and the step) and cut into "
+        "mini-batches of this size, one optimizer step each, one epoch (the paper's reference "
+        "trains with train_batch 16). The later steps are off-policy and the PPO clip acts "
+        "on them; the old log-probs are then taken by a no-grad pass before the first step. "
+        "null: all of an agent's rows in one step.",
+    )
+    recompute_old_logprobs: Literal["auto", "always"] = Field(
         "auto",
-        description="Recompute the old log-probs (the PPO ratio's denominator, the KL's "
-        "policy side) in a forward pass of their own before the update, as OpenRLHF and verl "
-        "do (`always`). Without it the update's own forward supplies them: one optimizer "
-        "step per agent starts from the old policy, so its log-probs, detached, are exactly "
-        "the old ones (ratio 1, as in TRL's GRPO), and the importance weights against the "
-        "sampler are taken there too; only a KL in the reward, computed before the update, "
-        "then uses the sampling log-probs. `auto`: recompute only for a KL in the reward "
-        "(kl_beta > 0, kl_in_loss false) with a sampler that holds a copy of the weights "
-        "(vLLM, Ray engine actors); the hf engine in one process, or `cluster.engines: "
-        "trainer`, samples from the trainer's own modules. `never`: no recompute pass.",
+        description="The old log-probs (the PPO ratio's denominator, the KL's policy side) "
+        "come from a no-grad forward pass before the first optimizer step (as OpenRLHF and "
+        "verl make it) wherever they are needed before it: any KL (kl_beta > 0; the KL rule "
+        "of docs/algorithm.md §2), or several mini-batches for an agent. `auto`: only there; "
+        "otherwise the update's single step per agent takes them from its own forward "
+        "(detached: exactly the old policy's, ratio 1). `always`: the pass in every update.",
     )
 
     @property

@@ -25,8 +25,8 @@ class HfEngine:
 
     name = "hf"
     shares_trainer = True
-    """The rollout samples from the very modules the update trains (``rl.recompute_old_logprobs:
-    auto`` asks; a Ray engine actor says the same only for ``cluster.engines: trainer``)."""
+    """The rollout samples from the very modules the update trains: nothing to sync (a Ray
+    engine actor says the same only for ``cluster.engines: trainer``)."""
 
     def __init__(self, policies: AgentPolicies) -> None:
         self.policies = policies

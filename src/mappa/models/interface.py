@@ -85,8 +85,8 @@ class RolloutEngine(SamplingPolicy, Protocol):
     name: str
     shares_trainer: bool
     """Whether ``generate`` runs on the very modules the update trains (the hf engine in the
-    trainer's process), rather than on a copy synced from them: only then can the sampling
-    log-probs stand in for the old policy's (``rl.recompute_old_logprobs: auto``)."""
+    trainer's process), rather than on a copy synced from them. Either way the sampling
+    log-probs never stand in for the old policy's (docs/algorithm.md §2)."""
 
     def sync(self, source: AdapterSource, step: int) -> None: ...
 

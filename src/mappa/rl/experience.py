@@ -5,33 +5,36 @@ The shape of OpenRLHF's experience maker, for MAPPA's REINFORCE++ (docs/design.m
 1. ``scored_actions``: the (episode, action) pairs that carry a coach score.
 2. ``build_batch`` -> ``RolloutBatch``: completions padded to one width ``T``, the sampling
    log-probs, the masks, each action's scalar reward and its group ids.
-3. ``behaviour_logprobs``: the old log-probs recomputed in the training layout, under
-   ``no_grad``, each agent with its own adapter and in the micro-batches its update will
-   use (as verl and OpenRLHF recompute them). The PPO ratio and the KL are taken against
-   these; the sampling log-probs stay in the record, their gap is logged, and truncated
-   importance sampling (``rl.tis_cap``) corrects for it. The pass is needed only where the
-   old log-probs enter the reward before the update (a KL penalty in the reward) and the
-   sampler holds a copy of the weights (``rl.recompute_old_logprobs``). Otherwise the
-   update's own forward pass supplies them: it takes one optimizer step per agent on the
-   weights that are the old policy, so its log-probs, detached, are exactly what a
-   recompute would give, without a second forward (TRL's GRPO takes them the same way).
-4. ``reference_logprobs``: the same tokens under the frozen reference (adapters off);
+3. ``step_layout``: each agent's rows as its update will take them: mini-batches (one
+   optimizer step each, ``rl.mini_batch_size``), each cut into micro-batches.
+4. ``behaviour_logprobs``: the old log-probs recomputed in the training layout, under
+   ``no_grad``, before any optimizer step, each agent with its own adapter and in the very
+   micro-batches its update will use (as verl and OpenRLHF recompute them). The PPO ratio
+   and every KL are taken against these (docs/algorithm.md §2); the sampling log-probs stay
+   in the record, their gap is logged, and truncated importance sampling (``rl.tis_cap``)
+   corrects for it. ``needs_old_pass`` says when the pass is made: whenever the old
+   log-probs are needed before the first step (any KL, several mini-batches). Otherwise
+   the update's own forward supplies them: a single optimizer step per agent starts from
+   the old policy, so its log-probs, detached, are exactly what a recompute would give
+   (TRL's GRPO takes them the same way).
+5. ``reference_logprobs``: the same tokens under the frozen reference (adapters off);
    skipped when the run applies no KL (beta = 0).
-5. ``compute_advantages``: the per-token KL estimate log pi_old - log pi_ref (computed
+6. ``compute_advantages``: the per-token KL estimate log pi_old - log pi_ref (computed
    once, here), KL-shaped token rewards, then the configured estimator over the whole batch
    at once, so the whitening scope can span one agent, all agents, or (agent, task type).
 
-``make_experience`` runs 2-5 and returns an ``Experience``; ``mappa.rl.update`` then takes
-one optimizer step per agent on its rows. Training tokens are exactly ``prompt_ids +
+``make_experience`` runs 2-6 and returns an ``Experience``; ``mappa.rl.update`` then takes
+each agent's optimizer steps on its rows. Training tokens are exactly ``prompt_ids +
 completion_ids`` of each action as sampled.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,6 +49,16 @@ from mappa.rl.rewards import mix_reward
 
 GROUP_ESTIMATORS = ("grpo", "rloo")
 """Estimators whose baseline compares samples of the same task."""
+
+Layout = list[list[list[int]]]
+"""One agent's rows as its update takes them: mini-batches (one optimizer step each), each
+a list of micro-batches (one forward/backward each), each a list of row indices."""
+
+
+class StaleOldLogprobsError(RuntimeError):
+    """An optimizer step would take its old log-probs from its own forward after the policy
+    already stepped on this experience: its ratio would be 1 against a policy that is no
+    longer the old one, an unclipped update."""
 
 
 @dataclass
@@ -68,13 +81,13 @@ class Experience(RolloutBatch):
     """A ``RolloutBatch`` with what the update needs; tensors ``(B, T)``, 0 on padding.
 
     Attributes:
-        old: log-probs of the completion tokens under each agent's policy before the update
-            (the PPO ratio's denominator), recomputed in the training layout; ``None``: the
-            update's own forward supplies them, micro-batch by micro-batch
-            (``make_experience``).
+        old: log-probs of the completion tokens under each agent's policy before its first
+            optimizer step (the PPO ratio's denominator), recomputed in the training layout;
+            ``None``: the update's single step per agent takes them from its own forward,
+            micro-batch by micro-batch (``make_experience``).
         ref: log-probs under the frozen reference (``None`` when no KL is applied).
-        kl: the per-token KL estimate ``rl.kl_estimator`` of old (the sampling log-probs
-            where ``old`` is ``None``) vs reference (``None`` when no KL is applied).
+        kl: the per-token KL estimate ``rl.kl_estimator`` of old vs reference (``None``
+            when no KL is applied; ``old`` is never ``None`` then).
         returns: returns-to-go of the KL-shaped token rewards.
         advantages: the estimator's advantages.
         signal: ``(B,)`` bool, rows whose reward differs from one they are compared with.
@@ -82,6 +95,10 @@ class Experience(RolloutBatch):
             tokens (``None`` when ``rl.tis_cap`` is null or ``old`` is ``None``: the update
             then weighs each micro-batch from its own forward).
         counts: the estimator's degenerate-case counts (``rl/<key>`` in the log).
+        layout: each agent's ``Layout`` (``step_layout``): every pass over its rows (old,
+            reference and trained log-probs) follows it.
+        stepped: the agents that have taken an optimizer step on this experience; where
+            ``old`` is ``None`` no step may follow one (``check_own_forward``).
     """
 
     old: torch.Tensor | None
@@ -92,6 +109,22 @@ class Experience(RolloutBatch):
     signal: torch.Tensor
     is_weights: torch.Tensor | None
     counts: dict[str, int]
+    layout: dict[str, Layout]
+    stepped: set[str] = field(default_factory=set)
+
+    def check_own_forward(self, agent: str) -> None:
+        """Refuse an optimizer step for ``agent`` that would take its old log-probs from its
+        own forward after ``agent`` already stepped on this experience.
+
+        Raises ``StaleOldLogprobsError``: only the first step may read the old policy off
+        its own forward; a later one needs ``old`` from the pass before the first step.
+        """
+        if self.old is None and agent in self.stepped:
+            raise StaleOldLogprobsError(
+                f"agent {agent!r} already took an optimizer step on this experience and it "
+                "has no old log-probs from before that step: build the experience with the "
+                "pre-step pass (make_experience(..., recompute_old=True)) to step again"
+            )
 
     def mean_kl(self, rows: Sequence[int] | None = None) -> float | None:
         """Mean KL estimate over the real completion tokens of ``rows`` (default: all);
@@ -252,6 +285,52 @@ def fit_width(x: torch.Tensor, width: int) -> torch.Tensor:
     return x if x.shape[1] == width else torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
+def step_layout(rows: Sequence[int], cfg: RLConfig, actions: Sequence[Action], seed: str) -> Layout:
+    """An agent's rows cut into mini-batches of ``rl.mini_batch_size`` rows (one optimizer
+    step each; shuffled first with a generator seeded by ``seed``, so a run is
+    reproducible and a step's mini-batches mix tasks), each cut into micro-batches. All rows
+    in one mini-batch, in their own order, when ``mini_batch_size`` is null or not smaller.
+
+    >>> from types import SimpleNamespace as A
+    >>> acts = [A(prompt_ids=[0], completion_ids=[0])] * 5
+    >>> [len(m) for m in step_layout(range(5), RLConfig(micro_batch_size=4), acts, "s")]
+    [2]
+    >>> cfg = RLConfig(micro_batch_size=4, mini_batch_size=2)
+    >>> [sum(map(len, m)) for m in step_layout(range(5), cfg, acts, "s")]
+    [2, 2, 1]
+    """
+    size = cfg.mini_batch_size
+    if size is None or len(rows) <= size:
+        return [micro_batches(rows, cfg.micro_batch_size, actions)]
+    order = list(rows)
+    random.Random(seed).shuffle(order)
+    return [
+        micro_batches(order[i : i + size], cfg.micro_batch_size, actions)
+        for i in range(0, len(order), size)
+    ]
+
+
+def shuffle_seed(run_seed: int, step: int) -> str:
+    """The mini-batch shuffle's seed at training step ``step`` of a run seeded ``run_seed``:
+    a resumed run cuts the same mini-batches, and no two steps share an order."""
+    return f"{run_seed}/{step}"
+
+
+def needs_old_pass(cfg: RLConfig, beta: float, several_steps: bool) -> bool:
+    """Whether the old log-probs must come from a no-grad pass before any optimizer step:
+    when asked (``rl.recompute_old_logprobs: always``), when a KL is applied (the KL rule,
+    docs/algorithm.md §2: its policy side is the trainer's old log-probs, which the reward
+    and the adaptive beta read before any step), or when an agent takes several steps
+    (``several_steps``: every step after the first needs the policy from before the first).
+
+    >>> needs_old_pass(RLConfig(kl_beta=0.0), 0.0, several_steps=False)
+    False
+    >>> needs_old_pass(RLConfig(kl_beta=0.0), 0.0, several_steps=True)
+    True
+    """
+    return cfg.recompute_old_logprobs == "always" or beta > 0 or several_steps
+
+
 def micro_batches(rows: Sequence[int], size: int, actions: Sequence[Action]) -> list[list[int]]:
     """An agent's rows in the chunks every pass over them uses (old, reference and trained
     log-probs), so each token's old and reference log-probs come from the very forward-pass
@@ -287,17 +366,17 @@ def action_logprobs(
 def _recomputed_logprobs(
     policy: TrainablePolicy,
     batch: RolloutBatch,
-    micro_batch: int,
+    layout: Mapping[str, Layout],
     temperature: float,
     reference: bool,
 ) -> torch.Tensor:
-    """Each agent's rows, in its micro-batches, under its own adapter or (``reference``)
-    under the frozen base; no grad, 0 on padding."""
+    """Each agent's rows, in the micro-batches of its ``layout``, under its own adapter or
+    (``reference``) under the frozen base; no grad, 0 on padding."""
     out = torch.zeros_like(batch.sample)
     width = out.shape[1]
     with torch.no_grad():
         for agent in dict.fromkeys(batch.agents):
-            for idx in micro_batches(batch.rows(agent), micro_batch, batch.actions):
+            for idx in (micro for mini in layout[agent] for micro in mini):
                 chunk = [batch.actions[i] for i in idx]
                 lp = action_logprobs(policy, None if reference else agent, chunk, temperature)
                 out[idx] = fit_width(lp.logprobs.detach().float().cpu(), width)
@@ -305,18 +384,24 @@ def _recomputed_logprobs(
 
 
 def behaviour_logprobs(
-    policy: TrainablePolicy, batch: RolloutBatch, micro_batch: int, temperature: float
+    policy: TrainablePolicy,
+    batch: RolloutBatch,
+    layout: Mapping[str, Layout],
+    temperature: float,
 ) -> torch.Tensor:
     """Old log-probs recomputed under ``no_grad``: each agent's rows with its own adapter."""
-    return _recomputed_logprobs(policy, batch, micro_batch, temperature, reference=False)
+    return _recomputed_logprobs(policy, batch, layout, temperature, reference=False)
 
 
 def reference_logprobs(
-    policy: TrainablePolicy, batch: RolloutBatch, micro_batch: int, temperature: float
+    policy: TrainablePolicy,
+    batch: RolloutBatch,
+    layout: Mapping[str, Layout],
+    temperature: float,
 ) -> torch.Tensor:
     """Log-probs of every completion under the frozen reference (adapters off), in the same
     micro-batches as the old log-probs."""
-    return _recomputed_logprobs(policy, batch, micro_batch, temperature, reference=True)
+    return _recomputed_logprobs(policy, batch, layout, temperature, reference=True)
 
 
 def tis_weights(
@@ -336,21 +421,30 @@ def tis_weights(
 
 def compute_advantages(
     batch: RolloutBatch,
-    old: torch.Tensor,
+    old: torch.Tensor | None,
     ref: torch.Tensor | None,
     cfg: RLConfig,
     beta: float,
 ) -> tuple[Estimate, torch.Tensor | None]:
     """(estimate, kl): KL-shaped token rewards, then the configured estimator.
 
-    ``kl`` is the per-token estimate of log pi_old - log pi_ref, both in the training
-    layout, 0 on padding (``None`` without a reference). It goes into the token rewards with
-    weight ``beta`` unless ``cfg.kl_in_loss`` puts it in the loss.
+    ``kl`` is the per-token estimate of log pi_old - log pi_ref, both the trainer's in the
+    training layout (the KL rule, docs/algorithm.md §2), 0 on padding (``None`` without a
+    reference). It goes into the token rewards with weight ``beta`` unless
+    ``cfg.kl_in_loss`` puts it in the loss.
+
+    Raises ``ValueError`` when ``ref`` is given without ``old``: the sampling log-probs
+    never stand in for the trainer's.
     """
     if ref is None:
         kl = None
-        r = token_rewards(batch.groups.rewards, torch.zeros_like(old), batch.valid, 0.0)
+        r = token_rewards(batch.groups.rewards, torch.zeros_like(batch.valid), batch.valid, 0.0)
     else:
+        if old is None:
+            raise ValueError(
+                "a KL needs the trainer's old log-probs (docs/algorithm.md §2): make them "
+                "with behaviour_logprobs before the first optimizer step"
+            )
         kl = kl_estimate(old, ref, cfg.kl_estimator) * batch.valid
         reward_beta = 0.0 if cfg.kl_in_loss else beta
         r = token_rewards(batch.groups.rewards, kl, batch.valid, reward_beta)
@@ -369,25 +463,32 @@ def make_experience(
     cfg: RLConfig,
     beta: float,
     temperature: float,
-    recompute_old: bool = True,
+    recompute_old: bool = False,
+    seed: str = "",
 ) -> Experience:
-    """Scored actions -> padded batch, old and reference log-probs, KL, returns, advantages
-    and importance weights.
+    """Scored actions -> padded batch, step layout, old and reference log-probs, KL,
+    returns, advantages and importance weights.
 
-    ``recompute_old`` false (``rl.recompute_old_logprobs``): no recompute pass; ``old`` is
-    ``None``, the update's own forward supplies the old log-probs and the importance
-    weights, and the KL is estimated on the sampling log-probs.
+    The old log-probs are recomputed before any step where ``needs_old_pass`` says so, or
+    with ``recompute_old``; otherwise ``old`` is ``None`` (no KL, one step per agent) and
+    the update's own forward supplies them and the importance weights. ``seed`` seeds the
+    mini-batch shuffle (``step_layout``; each agent's with its name appended).
     """
     batch = build_batch(items, cfg)
+    layout = {
+        agent: step_layout(batch.rows(agent), cfg, batch.actions, f"{seed}/{agent}")
+        for agent in dict.fromkeys(batch.agents)
+    }
     old = (
-        behaviour_logprobs(policy, batch, cfg.micro_batch_size, temperature)
+        behaviour_logprobs(policy, batch, layout, temperature)
         if recompute_old
+        or needs_old_pass(cfg, beta, any(len(mini) > 1 for mini in layout.values()))
         else None
     )
     ref = None
     if beta > 0:
-        ref = reference_logprobs(policy, batch, cfg.micro_batch_size, temperature)
-    est, kl = compute_advantages(batch, batch.sample if old is None else old, ref, cfg, beta)
+        ref = reference_logprobs(policy, batch, layout, temperature)
+    est, kl = compute_advantages(batch, old, ref, cfg, beta)
     weights = (
         None
         if cfg.tis_cap is None or old is None
@@ -408,4 +509,5 @@ def make_experience(
         signal=est.signal,
         is_weights=weights,
         counts=est.counts,
+        layout=layout,
     )

@@ -1,10 +1,11 @@
-"""One optimizer step per agent, and the whole update of a training step.
+"""An agent's optimizer steps on a rollout batch, and the whole update of a training step.
 
 ``update_agents`` is what the training loop calls after the coach scored a step's episodes:
-it makes the experience (``mappa.rl.experience``: padded batch, old log-probs where a
-recompute is needed, reference log-probs, KL, advantages over the whole batch), runs
-``policy_step`` for each agent on its rows, and adapts the KL coefficient. The model is
-reached only through ``TrainablePolicy``.
+it makes the experience (``mappa.rl.experience``: padded batch, each agent's mini-batches,
+old log-probs from a pass before any step where they are needed, reference log-probs, KL,
+advantages over the whole batch), runs ``policy_step`` for each agent on its rows (one
+optimizer step per mini-batch, ``rl.mini_batch_size``), and adapts the KL coefficient. The
+model is reached only through ``TrainablePolicy``.
 
 An agent none of whose actions carries reward signal (every scalar reward it is compared
 with is equal, or every completion is masked out) takes no optimizer step at all: Adam
@@ -37,7 +38,6 @@ from mappa.rl.experience import (
     check_group_sizes,
     fit_width,
     make_experience,
-    micro_batches,
     scored_actions,
     tis_weights,
 )
@@ -76,8 +76,22 @@ class NonFiniteGuard:
 
 
 @dataclass
+class StepStats:
+    """One optimizer step (one mini-batch) of an agent's update."""
+
+    tokens: int
+    loss: float
+    clip_frac: float
+    approx_kl: float
+    grad_norm: float
+    finite: bool
+
+
+@dataclass
 class UpdateStats:
-    """What one agent's update did (logged per step as ``rl/<agent>/<field>``)."""
+    """What one agent's update did (logged per step as ``rl/<agent>/<field>``): ``steps``
+    optimizer steps taken; ``loss`` and ``grad_norm`` averaged over its mini-batches;
+    ``clip_frac``, ``approx_kl`` and ``entropy`` token-weighted over all of them."""
 
     actions: int
     tokens: int
@@ -88,14 +102,17 @@ class UpdateStats:
     approx_kl: float = 0.0
     entropy: float = 0.0
     grad_norm: float = 0.0
+    steps: int = 0
     skipped: str = ""
-    # measured in the update's own forward where the old log-probs come from it; not logged
-    # per agent, but merged into the step's rl/logprob_gap_* keys
+    # not logged per agent: measured in the update's own forward where the old log-probs
+    # come from it, merged into the step's rl/logprob_gap_* keys; and each step's numbers
     gap: SamplerGap = field(default_factory=SamplerGap)
+    per_step: list[StepStats] = field(default_factory=list)
 
     def logged(self) -> dict[str, Any]:
         """The ``rl/<agent>/<field>`` values."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "gap"}
+        hidden = ("gap", "per_step")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in hidden}
 
 
 def policy_step(
@@ -108,44 +125,40 @@ def policy_step(
     beta: float,
     temperature: float = 1.0,
 ) -> UpdateStats:
-    """One optimizer step for ``agent`` over its rows of ``exp`` (micro-batched).
+    """``agent``'s optimizer steps over its rows of ``exp``: one per mini-batch of its
+    layout (``exp.layout[agent]``), gradients accumulated over the mini-batch's
+    micro-batches.
 
-    PPO-clip loss on the rows' unmasked tokens (aggregated over the agent's whole batch, so
-    micro-batches add up to one batch loss), ratio against the old log-probs (recomputed, or
-    where ``exp.old`` is ``None`` this forward's own, detached: the weights have not moved
-    yet, so the ratio is 1 and the gradient the policy gradient), truncated importance
-    weights, grad-norm clipping, one optimizer step. No step at all
-    (``skipped`` says why) when the agent has no action, every completion is masked out, no
-    action carries reward signal, or the loss or gradient is not finite (``NON_FINITE``).
-    ``mean_kl`` is read from ``exp.kl``, computed once. After a step the C heap is trimmed
+    PPO-clip loss on a mini-batch's unmasked tokens (aggregated over the whole mini-batch, so
+    micro-batches add up to one loss), ratio against the old log-probs: the pass's from
+    before the first step, or where ``exp.old`` is ``None`` (a single step) this forward's
+    own, detached: the weights have not moved yet, so the ratio is 1 and the gradient the
+    policy gradient. ``Experience.check_own_forward`` refuses any further step on own-forward
+    old log-probs (``StaleOldLogprobsError``). Truncated importance weights, grad-norm
+    clipping. No step at all (``skipped`` says why) when the agent has no action, every
+    completion is masked out, or no action carries reward signal; a mini-batch without a
+    trained token or a signal takes no step either, and one whose loss or gradient is not
+    finite drops its step (``skipped`` = ``NON_FINITE``). ``mean_kl`` is read from
+    ``exp.kl``, computed once. After the steps the C heap is trimmed
     (``mappa.models.memory``), so a run's peak memory does not grow with its agents.
     """
     rows = exp.rows(agent)
     if not rows:
         return UpdateStats(0, 0, skipped="no actions")
-    mask = exp.loss_mask[rows]
-    n_tokens = int(mask.sum())
-    mean_reward = float(exp.groups.rewards[rows].mean())
+    n_tokens = int(exp.loss_mask[rows].sum())
+    base = UpdateStats(
+        len(rows), n_tokens, mean_reward=float(exp.groups.rewards[rows].mean()),
+        mean_kl=exp.mean_kl(rows),
+    )  # fmt: skip
     if n_tokens == 0:
-        return UpdateStats(
-            len(rows),
-            0,
-            mean_reward=mean_reward,
-            mean_kl=exp.mean_kl(rows),
-            skipped="every completion truncated (masked)",
-        )
+        base.skipped = "every completion truncated (masked)"
+        return base
     if not bool(exp.signal[rows].any()):
-        return UpdateStats(
-            len(rows),
-            n_tokens,
-            mean_reward=mean_reward,
-            mean_kl=exp.mean_kl(rows),
-            skipped="no reward signal (the rewards it is compared with spread less than "
-            "rl.min_reward_spread)",
+        base.skipped = (
+            "no reward signal (the rewards it is compared with spread less than "
+            "rl.min_reward_spread)"
         )
-    normalizer = (
-        float(n_tokens) if cfg.loss_agg == "token_mean" else float((mask.sum(-1) > 0).sum())
-    )
+        return base
     loss_cfg = LossConfig(
         cfg.clip_eps_low,
         cfg.clip_eps_high,
@@ -153,11 +166,55 @@ def policy_step(
         kl_beta_in_loss=beta if cfg.kl_in_loss else 0.0,
         kl_estimator=cfg.kl_estimator,
     )
+    entropy = 0.0
+    for mini in exp.layout[agent]:
+        flat = [i for micro in mini for i in micro]
+        if exp.loss_mask[flat].sum() == 0 or not bool(exp.signal[flat].any()):
+            continue  # nothing to train on, or only noise (Adam would scale it up)
+        exp.check_own_forward(agent)
+        stats, ent = _mini_batch_step(
+            policy, agent, exp, mini, optimizer, params, cfg, loss_cfg, temperature, base.gap
+        )
+        exp.stepped.add(agent)
+        base.per_step.append(stats)
+        entropy += ent * stats.tokens
+    trim_heap()  # the next agent's activations get fresh pages, not a grown heap
+    steps = base.per_step
+    trained = sum(s.tokens for s in steps)
+    base.steps = sum(s.finite for s in steps)
+    base.loss = sum(s.loss for s in steps) / max(len(steps), 1)
+    base.grad_norm = sum(s.grad_norm for s in steps) / max(len(steps), 1)
+    base.clip_frac = sum(s.clip_frac * s.tokens for s in steps) / max(trained, 1)
+    base.approx_kl = sum(s.approx_kl * s.tokens for s in steps) / max(trained, 1)
+    base.entropy = entropy / max(trained, 1)
+    base.skipped = "" if all(s.finite for s in steps) else NON_FINITE
+    return base
+
+
+def _mini_batch_step(
+    policy: TrainablePolicy,
+    agent: str,
+    exp: Experience,
+    mini: Sequence[list[int]],
+    optimizer: torch.optim.Optimizer,
+    params: Sequence[torch.nn.Parameter],
+    cfg: RLConfig,
+    loss_cfg: LossConfig,
+    temperature: float,
+    gap: SamplerGap,
+) -> tuple[StepStats, float]:
+    """One optimizer step over the micro-batches ``mini``: (its stats, its token-mean
+    entropy). A non-finite loss or gradient drops the step (Adam's moments stay finite)."""
+    flat = [i for micro in mini for i in micro]
+    mask_all = exp.loss_mask[flat]
+    n_tokens = int(mask_all.sum())
+    normalizer = (
+        float(n_tokens) if cfg.loss_agg == "token_mean" else float((mask_all.sum(-1) > 0).sum())
+    )
     width = exp.sample.shape[1]
-    gap = SamplerGap()
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0}
-    for idx in micro_batches(rows, cfg.micro_batch_size, exp.actions):
+    for idx in mini:
         m = exp.loss_mask[idx]
         if m.sum() == 0:
             continue
@@ -166,7 +223,7 @@ def policy_step(
         logp = fit_width(out.logprobs, width)
         dev = logp.device
         old, weights = _old_and_weights(exp, idx, logp.detach(), m.to(dev), cfg.tis_cap, gap)
-        loss, stats = policy_loss(
+        loss, measured = policy_loss(
             logp,
             old,
             exp.advantages[idx].to(dev),
@@ -181,26 +238,21 @@ def policy_step(
         share = float(m.sum()) / n_tokens  # token-weighted averages of the statistics
         totals["loss"] += float(loss.detach())
         for key in ("clip_frac", "approx_kl", "entropy"):
-            totals[key] += stats.get(key, 0.0) * share
+            totals[key] += measured.get(key, 0.0) * share
     grad_norm = torch.nn.utils.clip_grad_norm_(list(params), cfg.grad_clip)
     finite = math.isfinite(float(grad_norm)) and math.isfinite(totals["loss"])
     if finite:  # else drop the gradients: no Adam step, so its moments stay finite
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    trim_heap()  # the next agent's activations get fresh pages, not a grown heap
-    return UpdateStats(
-        actions=len(rows),
+    stats = StepStats(
         tokens=n_tokens,
-        mean_reward=mean_reward,
-        mean_kl=exp.mean_kl(rows),
-        grad_norm=float(grad_norm),
         loss=totals["loss"],
         clip_frac=totals["clip_frac"],
         approx_kl=totals["approx_kl"],
-        entropy=totals["entropy"],
-        skipped="" if finite else NON_FINITE,
-        gap=gap,
+        grad_norm=float(grad_norm),
+        finite=finite,
     )
+    return stats, totals["entropy"]
 
 
 def _old_and_weights(
@@ -237,16 +289,21 @@ def run_update(
     *,
     exclude_flagged: bool,
     temperature: float,
-    recompute_old: bool = True,
+    recompute_old: bool = False,
+    seed: str = "",
 ) -> dict[str, Any]:
     """Advantages over the whole batch, the agents' steps (``step_agents``), then adapt beta.
+
+    ``recompute_old`` forces the old log-probs' pass before any step
+    (``rl.recompute_old_logprobs: always``; ``make_experience`` makes it anyway where they
+    are needed). ``seed`` seeds the mini-batch shuffle: the run's seed and the step.
 
     Returns the step's metrics: ``kl_beta`` (the beta used), ``trained_actions``,
     ``rl/<agent>/<stat>`` for every ``UpdateStats`` field, ``mean_kl`` over all real
     completion tokens (``None`` when no action was scored or the run applies no KL),
     ``rl/logprob_gap_max`` and ``rl/logprob_gap_mean`` (|trainer - sampling| log-probs: the
-    recomputed old ones over every completion token with ``recompute_old``, else the
-    update's own over the tokens it trained on), ``rl/tis_capped_frac`` (with
+    recomputed old ones over every completion token where the pass ran, else the update's
+    own over the tokens it trained on), ``rl/tis_capped_frac`` (with
     ``rl.tis_cap``) and the estimator's
     degenerate-case counts (``rl/unwhitened_scopes``; ``rl/flat_groups``,
     ``rl/singleton_groups``).
@@ -259,7 +316,7 @@ def run_update(
     if not items:
         out["mean_kl"] = None
         return out
-    exp = make_experience(policy, items, cfg, kl_ctl.beta, temperature, recompute_old)
+    exp = make_experience(policy, items, cfg, kl_ctl.beta, temperature, recompute_old, seed)
     gap = exp.sampler_gap(cfg.tis_cap)
     for name, stats in step_agents(exp).items():
         out.update({f"rl/{name}/{k}": v for k, v in stats.logged().items()})
@@ -283,10 +340,11 @@ def update_agents(
     *,
     exclude_flagged: bool,
     temperature: float,
-    recompute_old: bool = True,
+    recompute_old: bool = False,
+    seed: str = "",
 ) -> dict[str, Any]:
-    """``run_update`` with every agent's step taken here, in ``agents`` order; metrics as
-    there."""
+    """``run_update`` with every agent's steps taken here, in ``agents`` order; arguments and
+    metrics as there."""
 
     def step_here(exp: Experience) -> dict[str, UpdateStats]:
         return {
@@ -305,4 +363,5 @@ def update_agents(
         exclude_flagged=exclude_flagged,
         temperature=temperature,
         recompute_old=recompute_old,
+        seed=seed,
     )

@@ -281,6 +281,7 @@ def runner_for(
 def local_models(cfg: RunConfig, policies: AgentPolicies | None = None) -> RunModels:
     """Everything in this process: ``policies`` (loaded from ``cfg.model`` unless given), an
     Adam per agent, the configured engine and coach; the update is ``update_agents``."""
+    from mappa.rl.experience import shuffle_seed
     from mappa.rl.schedule import set_step_lr
     from mappa.rl.update import update_agents
 
@@ -306,6 +307,7 @@ def local_models(cfg: RunConfig, policies: AgentPolicies | None = None) -> RunMo
             exclude_flagged=cfg.coach.exclude_flagged,
             temperature=cfg.rollout.temperature,
             recompute_old=recompute_old,
+            seed=shuffle_seed(cfg.seed, step),
         )
         return {"lr": lr, **metrics}
 

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from mappa.coach import CoachFatalError, CoachView, FallbackGuard, score_episodes
 from mappa.coach.stats import NoSignalWatch
-from mappa.config import RLConfig, RunConfig
+from mappa.config import RunConfig
 from mappa.jsonl import append_jsonl, read_jsonl
 from mappa.provenance import note_code
 from mappa.records import append_episodes
@@ -53,33 +53,6 @@ def resolve_run_dir(run_dir: Path) -> Path:
         raise FileExistsError(f"{path} already holds a run; choose another run_dir")
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def recomputes_old_logprobs(rl: RLConfig, *, sampler_is_trainer: bool) -> bool:
-    """Whether the update recomputes the old log-probs in a pass of its own before it trains
-    (``rl.recompute_old_logprobs``).
-
-    ``auto`` recomputes only where the old log-probs are needed before the update and the
-    sampling ones may stand far from them: a KL penalty in the reward (its advantages are
-    computed before any agent trains) with a sampler that holds a copy of the weights
-    (another engine, a Ray actor, maybe another device or dtype: ``sampler_is_trainer``
-    false, see ``samples_from_trainer``). Everywhere else the update's own forward supplies
-    them exactly (``mappa.rl.experience``), and a KL in the reward is taken on the sampling
-    log-probs of the trainer's own modules.
-    """
-    mode = rl.recompute_old_logprobs
-    if mode != "auto":
-        return mode == "always"
-    kl_in_reward = rl.kl_beta > 0 and not rl.kl_in_loss
-    return kl_in_reward and not sampler_is_trainer
-
-
-def samples_from_trainer(models: RunModels) -> bool:
-    """Whether the rollout samples from the very modules the update trains
-    (``RolloutEngine.shares_trainer``): the in-process hf engine does; with Ray only
-    ``cluster.engines: trainer``, while separate engine actors (``one``, ``per_agent``) and
-    vLLM hold copies of the weights."""
-    return models.engine.shares_trainer
 
 
 def _models(cfg: RunConfig, policies: AgentPolicies | None) -> RunModels:
@@ -133,7 +106,8 @@ def train(
     except BaseException:
         models.close()
         raise
-    recompute_old = recomputes_old_logprobs(cfg.rl, sampler_is_trainer=samples_from_trainer(models))
+    # the update makes the pass anyway wherever it needs the old log-probs before a step
+    recompute_old = cfg.rl.recompute_old_logprobs == "always"
     live: ScalarLog | None = None
     try:
         start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last
