@@ -500,5 +500,4 @@ def test_the_builtin_set_carries_each_runs_status_and_the_oracle_ranks_it() -> N
         AGENTS,
         "cases.jsonl: line 1",
     )
-    assert case.tool_status == "ok"
-    assert case_episode(case).actions[0].tool_stdout == "24"  # an ok run's observation
+    assert case.tool_status == case_episode(case).actions[0].tool_status == "ok"

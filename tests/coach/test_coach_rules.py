@@ -55,6 +55,10 @@ def _oracle(**fields: object) -> Score:
         ({**_RAN, "tool_status": "limit", "stdout": "11\n"}, 0.0),
         # stderr is not read: a warning after the right print is still the right print
         ({**_RAN, "stdout": "11\n", "observation": "11\nUserWarning: 99"}, 10.0),
+        # a record that kept no stdout apart: its observation, and nothing when it failed
+        ({**_RAN, "stdout": None, "observation": "5 + 6 = 11"}, 10.0),
+        ({**_RAN, "tool_status": None, "stdout": None, "observation": "11"}, 10.0),
+        ({**_RAN, "tool_status": "error", "stdout": None, "observation": "11"}, 0.0),
         # the Verifier: only the answer the grader reads under the run's answer format
         ({**_FINAL, "output": r"\boxed{11.0}"}, 10.0),
         ({**_FINAL, "output": "Answer: 11"}, 0.0),

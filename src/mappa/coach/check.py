@@ -55,8 +55,8 @@ class CheckCase:
     """One labelled action: ``agent`` wrote ``output`` (and saw ``observation`` from its code
     run) on ``task`` whose answer is ``answer``; ``good`` says whether it is a good action.
     ``agent_input`` is the agent's whole input (default ``Problem: {task}``).
-    ``tool_status`` is how its code run ended (None: unknown, or no code ran); the
-    observation of a run whose status is ``ok`` is taken as what its program printed."""
+    ``tool_status`` is how its code run ended (None: unknown, or no code ran); a case keeps
+    no stdout apart, so a rule reads a run's observation as what it printed."""
 
     agent: str
     good: bool
@@ -407,7 +407,6 @@ def case_episode(case: CheckCase, index: int = 0) -> Episode:
         truncated=case.truncated,
         tool_observation=case.observation,
         tool_status=case.tool_status,
-        tool_stdout=case.observation if case.tool_status == "ok" else None,
     )
     return Episode(eid, eid, case.task, case.answer, actions=[action])
 

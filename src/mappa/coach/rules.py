@@ -54,6 +54,7 @@ def answer_oracle(ctx: CoachContext) -> Score:
     result, where = action_result(
         ctx.output,
         is_final=ctx.is_final,
+        observation=ctx.observation,
         tool_status=ctx.tool_status,
         stdout=ctx.stdout,
         answer_format=ctx.answer_format,

@@ -45,6 +45,7 @@ def action_result(
     output: str,
     *,
     is_final: bool,
+    observation: str | None,
     tool_status: ToolStatus | None,
     stdout: str | None,
     answer_format: AnswerFormat,
@@ -57,21 +58,27 @@ def action_result(
     failed (``tool_status`` other than ``ok``). The reply around the code was written before
     the code ran, so it is not read. Any other action: the result its reply states.
 
-    >>> action_result("print(12)", is_final=False, tool_status="error", stdout="12\n",
-    ...               answer_format="boxed")
+    A record made before the status or the stdout was kept (an old episode, a labelled case
+    without them) has only the observation: its last number is read, as the oracle read it
+    then.
+
+    >>> action_result("print(12)", is_final=False, observation="12\nTraceback...",
+    ...               tool_status="error", stdout="12\n", answer_format="boxed")
     (None, 'its program failed (error)')
-    >>> action_result("Answer: 12", is_final=True, tool_status=None, stdout=None,
-    ...               answer_format="boxed")
+    >>> action_result("Answer: 12", is_final=True, observation=None, tool_status=None,
+    ...               stdout=None, answer_format="boxed")
     (None, 'its final answer as the grader reads it (boxed)')
     """
     if is_final:
         where = f"its final answer as the grader reads it ({answer_format})"
         return extract_answer(output, answer_format), where
-    if tool_status is None:
+    if observation is None and tool_status is None:
         return stated_result(output), "the result its reply states"
-    if tool_status != "ok":
+    if tool_status not in (None, "ok"):
         return None, f"its program failed ({tool_status})"
-    return last_number(stdout or ""), "the last number its program printed on stdout"
+    if stdout is None:
+        return last_number(observation or ""), "the last number of its code's output"
+    return last_number(stdout), "the last number its program printed on stdout"
 
 
 def action_verdict(
@@ -90,6 +97,7 @@ def action_verdict(
     result, _ = action_result(
         action.completion_text,
         is_final=is_final,
+        observation=action.tool_observation,
         tool_status=action.tool_status,
         stdout=action.tool_stdout,
         answer_format=answer_format,
