@@ -115,8 +115,9 @@ def answer_verdict(
     'The final answer in this reply is 13: it does NOT equal the reference answer 11.'
     >>> answer_verdict(None, False, "11")
     'This reply gives no final answer in the required format.'
-    >>> answer_verdict("10^{10^{10}}", False, "11", timed_out=True)[:70]
-    'The final answer in this reply is 10^{10^{10}}: the grader could not c'
+    >>> unchecked = answer_verdict("10^{10^{10}}", False, "11", timed_out=True)
+    >>> "could not check it" in unchecked, "does NOT equal" in unchecked
+    (True, False)
     """
     if final_answer is None:
         return "This reply gives no final answer in the required format."
@@ -146,8 +147,8 @@ def build_context(
     (``reference_for="final"``, the paper), for every agent (``"all"``), or never
     (``"none"``). On a modeling task only the final agent's actions have an outcome as of
     the action (the submission is its), so ``"all"`` shows upstream agents nothing: the
-    episode's final outcome is later than their action, and no evidence they could have
-    caused as they acted. The answer check goes with the final agent's last action, the one
+    episode's final outcome came after their action and after every later agent's, so it is
+    not evidence of what they did. The answer check goes with the final agent's last action, the one
     the grader graded, on answer tasks (a modeling task's reference is its graded outcome
     already). The action's tool status and stdout travel with it to every coach."""
     is_final = action.agent == final_agent
