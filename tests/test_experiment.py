@@ -415,6 +415,7 @@ def test_records_let_a_rerun_elsewhere_skip_finished_runs_and_refuse_a_changed_c
     kept = sorted(p.name for p in records.iterdir())
     assert kept == ["base", "process-s0", "process-s1"]
     assert sorted(p.name for p in (records / "process-s0").iterdir()) == [
+        "actions.jsonl",
         "config.yaml",
         "heldout.jsonl",
         "metrics.jsonl",

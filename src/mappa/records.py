@@ -70,9 +70,16 @@ class Action:
     truncated: bool
     tool_observation: str | None = None
     tool_status: ToolStatus | None = None  # None: the action ran no code
+    tool_stdout: str | None = None
+    """What the action's programs printed on stdout alone (every block's, in order): the
+    result a rule reads, where ``tool_observation`` mixes in stderr and sandbox messages."""
     workspace_files: str | None = None  # the shared workspace after this action, with provenance
     coach_reference: str | None = None  # the outcome as of this action (DSBench final agent)
     coach: Score | None = None
+    oracle: bool | None = None
+    """Whether the action's result equals the reference answer, as the answer oracle reads
+    it (``mappa.workflow.oracle``), recorded for every run whatever its coach; None where
+    the task has no reference answer."""
 
     @property
     def reward(self) -> float:
@@ -96,6 +103,7 @@ class Episode:
     workspace: str | None = None
     final_answer: str | None = None
     correct: bool | None = None
+    grader_timed_out: bool = False  # the comparison gave no verdict in time: correct is False
     metrics: dict[str, float] = field(default_factory=dict)  # outcome metrics (DSBench)
     coach_reference: str | None = None  # what the coach may see when judging the final agent
     missing_artifacts: dict[str, list[str]] = field(default_factory=dict)  # agent -> files it owed

@@ -1,15 +1,21 @@
-"""How an action becomes the coach's view: the reference scope and the answer check."""
+"""How an action becomes the coach's view: the reference scope, the answer check and the
+tool status."""
 
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
 
 import pytest
 
 from mappa.cli import default_config
 from mappa.coach import CoachView, build_context
-from mappa.coach.templates import load_template, render_messages
+from mappa.coach.templates import SHIPPED, load_template, render_messages
 from mappa.config import ConfigError, load_config
 from mappa.records import Action, Episode
 from mappa.run import preflight
+from mappa.tasks import Task
+from mappa.workflow.outcome import judge
 
 ROLES = {"solver": "Solves.", "verifier": "Checks."}
 
@@ -104,3 +110,61 @@ def test_the_view_follows_the_config() -> None:
     view = CoachView.of(cfg)
     assert (view.answer_check, view.reference_for, view.observation_chars) == (True, "none", 300)
     assert view.output_limit == cfg.rollout.max_new_tokens
+    assert view.answer_format == cfg.tasks.answer_format
+
+
+def test_reference_for_none_shows_no_agent_the_reference() -> None:
+    cfg = load_config(default_config(), ["coach.reference_for=none"])
+    view = CoachView.of(cfg)
+    assert view.reference_for == "none" == cfg.coach.reference_scope
+    ep = _episode("solver", "verifier")
+    assert [build_context(ep, a, ROLES, "verifier", view).ground_truth for a in ep.actions] == [
+        None,
+        None,
+    ]
+
+
+def test_a_grader_that_timed_out_is_not_worded_as_a_wrong_answer(tmp_path: Path) -> None:
+    """A comparison that hangs (a tower of powers) gives no verdict in time: the episode is
+    graded wrong, as the grader counts it, but the coach is told it was never checked."""
+    outcome = judge(
+        Task("t", "What is 5 + 6?", "11"), r"\boxed{10^{10^{10}}}", tmp_path, "boxed", 1.0
+    )
+    assert outcome.grader_timed_out and outcome.correct is False
+    ep = _episode("solver", "verifier", final_answer=outcome.final_answer, correct=False)
+    ep.grader_timed_out = outcome.grader_timed_out
+    check = str(_checks(ep, CoachView(answer_check=True))[-1])
+    assert "could not check" in check and "does NOT equal" not in check
+    assert "10^{10^{10}}" in check and "reference answer 11 " in check
+
+
+def test_on_a_modeling_task_upstream_agents_never_see_the_final_outcome() -> None:
+    """The episode's final outcome is later than an upstream action: with the reference for
+    every agent, an upstream agent sees the outcome as of its own action, which only the
+    final agent's actions have (the submission is theirs)."""
+    ep = _episode("solver", "verifier", "verifier", final_answer=None, correct=True)
+    ep.answer, ep.metrics = None, {"success": 1.0, "accuracy": 0.9}
+    ep.coach_reference = "classification: accuracy=0.9"
+    ep.actions[1].coach_reference = "classification: no valid submission: missing"
+    ep.actions[2].coach_reference = ep.coach_reference
+    view = CoachView(reference_for="all")
+    shown = [build_context(ep, a, ROLES, "verifier", view).ground_truth for a in ep.actions]
+    assert shown == [None, "classification: no valid submission: missing", ep.coach_reference]
+
+
+def test_the_tool_status_travels_to_every_coach() -> None:
+    """A model coach reads it in every shipped template; it is part of the cache key."""
+    ep = _episode("solver")
+    ep.actions[0].tool_observation, ep.actions[0].tool_stdout = "[exit code 1]", ""
+    crashed = dataclasses.replace(ep.actions[0], tool_status="error")
+    ran = dataclasses.replace(ep.actions[0], tool_status="ok")
+    view = CoachView(reference_for="all")
+    bad, good = (build_context(ep, a, ROLES, "verifier", view) for a in (crashed, ran))
+    assert (bad.tool_status, bad.stdout, good.tool_status) == ("error", "", "ok")
+    assert bad.digest() != good.digest()
+    for name in SHIPPED:
+        user = render_messages(load_template(name), bad)[1]["content"]
+        assert "[exit code 1]\n[tool status: error, the program failed" in user, name
+        assert "[tool status: ok" in render_messages(load_template(name), good)[1]["content"]
+    no_code = build_context(_episode("solver"), _episode("solver").actions[0], ROLES, "v", view)
+    assert "tool status" not in render_messages(load_template("mathchat"), no_code)[1]["content"]

@@ -17,18 +17,24 @@ from conftest import SMOKE_CONFIG
 
 from mappa.cli import main
 from mappa.coach import CoachFatalError
+from mappa.coach.base import CoachView
 from mappa.coach.check import (
     CASES,
+    ROLES,
     CaseError,
+    case_contexts,
+    case_episode,
     check_report,
     discrimination,
     mode_share,
     pair_accuracy,
+    parse_case,
     parse_cases,
     spaced,
     tie_rate,
 )
 from mappa.coach.context import CoachContext
+from mappa.coach.rules import ORACLE, RuleCoach, answer_oracle
 from mappa.config import RunConfig, load_config
 from mappa.records import Action, Episode, Score, append_episodes
 
@@ -180,6 +186,10 @@ BAD_FILES = [
     ([GOOD, json.dumps({**json.loads(BAD), "truncated": "no"})], "line 2: 'truncated' must"),
     ([GOOD, json.dumps({**json.loads(BAD), "error": 3})], "line 2: 'error' must be a string"),
     ([GOOD, json.dumps({**json.loads(BAD), "obs": "x"})], "line 2: unknown key 'obs'"),
+    (
+        [GOOD, json.dumps({**json.loads(BAD), "tool_status": "crashed"})],
+        "line 2: 'tool_status' must be one of ok, error, timeout, limit or null",
+    ),
     (
         [GOOD, json.dumps({k: v for k, v in json.loads(BAD).items() if k != "observation"})],
         "line 2: missing 'observation'",
@@ -474,3 +484,20 @@ def test_the_answer_check_grades_the_final_agents_cases_as_a_run_does(
     assert "does NOT equal the reference answer 24" in str(verdicts[2])
     assert "no final answer" in str(verdicts[3])
     assert {c.answer_check for c in fake_coach.seen if c.agent != "verifier"} == {None}
+
+
+def test_the_builtin_set_carries_each_runs_status_and_the_oracle_ranks_it() -> None:
+    """A code action's status reaches the coach (the crash reads as one), and the answer
+    oracle, reading what the programs printed, ranks every good case above every bad one."""
+    view = CoachView(reference_for="all")
+    contexts = case_contexts(CASES, ROLES, "verifier", view)
+    statuses = [c.tool_status for c in contexts if c.agent == "code_executor"]
+    assert statuses == ["ok", "ok", "ok", "error"]
+    rows = discrimination(RuleCoach(answer_oracle, ORACLE).score(contexts))
+    assert [r.pairs_right for r in rows] == [1.0, 1.0, 1.0]
+    case = parse_case(
+        json.loads(_line("code_executor", True, observation="24", tool_status="ok")),
+        AGENTS,
+        "cases.jsonl: line 1",
+    )
+    assert case.tool_status == case_episode(case).actions[0].tool_status == "ok"

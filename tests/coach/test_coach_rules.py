@@ -28,6 +28,11 @@ CTX = CoachContext(
 )
 
 
+_RAN = {"agent": "code_executor", "tool_status": "ok", "observation": "11"}
+"""An action whose code ran without an error."""
+_FINAL = {"agent": "verifier", "is_final": True}
+
+
 def _oracle(**fields: object) -> Score:
     return answer_oracle(dataclasses.replace(CTX, **fields))
 
@@ -40,15 +45,27 @@ def _oracle(**fields: object) -> Score:
         ({"output": "5 + 6 = 11 pens"}, 10.0),
         ({"output": r"5 + 6 = \boxed{12}, not 11"}, 0.0),
         ({"output": "Add the pens."}, 0.0),  # no result at all
-        # the Code Executor: the last number its program printed, not what its reply says
-        ({"agent": "code_executor", "output": "print(5+6)  # 12", "observation": "11\n"}, 10.0),
-        ({"agent": "code_executor", "output": r"\boxed{11}", "observation": "1,000\n"}, 0.0),
-        ({"agent": "code_executor", "output": "x = 11", "observation": "[no output]"}, 10.0),
-        # the Verifier: only the answer it commits to counts (what the grader reads)
-        ({"agent": "verifier", "is_final": True, "output": r"\boxed{11.0}"}, 10.0),
-        ({"agent": "verifier", "is_final": True, "output": "Answer: 11"}, 10.0),
-        ({"agent": "verifier", "is_final": True, "output": "It is 11."}, 0.0),
-        ({"agent": "verifier", "is_final": True, "output": r"\boxed{10}"}, 0.0),
+        # the Code Executor: the last number its program printed on stdout, not its reply
+        ({**_RAN, "output": "print(5+6)  # 12", "stdout": "11\n"}, 10.0),
+        ({**_RAN, "output": r"\boxed{11}", "stdout": "1,000\n"}, 0.0),
+        ({**_RAN, "output": "x = 11", "stdout": ""}, 0.0),  # printed nothing: no result
+        # ... and a program that failed has no result, whatever it or its reply printed
+        ({**_RAN, "tool_status": "error", "stdout": "11\n", "observation": "11\nTraceback"}, 0.0),
+        ({**_RAN, "tool_status": "timeout", "stdout": "11\n"}, 0.0),
+        ({**_RAN, "tool_status": "limit", "stdout": "11\n"}, 0.0),
+        # stderr is not read: a warning after the right print is still the right print
+        ({**_RAN, "stdout": "11\n", "observation": "11\nUserWarning: 99"}, 10.0),
+        # a record that kept no stdout apart: its observation, and nothing when it failed
+        ({**_RAN, "stdout": None, "observation": "5 + 6 = 11"}, 10.0),
+        ({**_RAN, "tool_status": None, "stdout": None, "observation": "11"}, 10.0),
+        ({**_RAN, "tool_status": "error", "stdout": None, "observation": "11"}, 0.0),
+        # the Verifier: only the answer the grader reads under the run's answer format
+        ({**_FINAL, "output": r"\boxed{11.0}"}, 10.0),
+        ({**_FINAL, "output": "Answer: 11"}, 0.0),
+        ({**_FINAL, "output": "Answer: 11", "answer_format": "answer_line"}, 10.0),
+        ({**_FINAL, "output": r"\boxed{11}", "answer_format": "answer_line"}, 0.0),
+        ({**_FINAL, "output": "It is 11."}, 0.0),
+        ({**_FINAL, "output": r"\boxed{10}"}, 0.0),
     ],
 )
 def test_the_oracle_checks_each_actions_result_against_the_reference(
@@ -99,8 +116,10 @@ def test_preflight_refuses_the_oracle_without_every_agents_reference_or_a_bad_ru
     rules = ["coach.backend=rules", "rl.w_process=1"]
     ok = load_config(SMOKE_CONFIG, [*rules, "coach.reference_for=all"])
     preflight.check(ok)
-    with pytest.raises(ValueError, match="set coach.reference_for: all"):
+    with pytest.raises(ValueError, match="to the final agent only: set coach.reference_for: all"):
         preflight.check(load_config(SMOKE_CONFIG, [*rules, "coach.reference_for=final"]))
+    with pytest.raises(ValueError, match="shows to no agent: set coach.reference_for: all"):
+        preflight.check(load_config(SMOKE_CONFIG, [*rules, "coach.reference_for=none"]))
     with pytest.raises(ValueError, match="cannot import"):
         preflight.check(load_config(SMOKE_CONFIG, [*rules, "coach.rules.function=nope:f"]))
     # an outcome-only run asks no coach: its rule is never loaded, so it is not checked

@@ -143,6 +143,8 @@ def test_plain_numbers_never_reach_sympy() -> None:
 
 def test_time_limit_stops_a_runaway_comparison() -> None:
     assert grade(r"\boxed{10^{10^{10}}}", "1", timeout_s=1.0) is False  # not a hang
+    # no verdict in time is no verdict, not "not equal": callers may say it was unchecked
+    assert grade_answer(r"\boxed{10^{10^{10}}}", "1", timeout_s=1.0).correct is None
     assert grade(r"\boxed{2\sqrt{2}}", r"\sqrt{8}")  # the worker comes back after a kill
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from mappa.coach.context import CoachContext
-from mappa.config import RunConfig
+from mappa.config import AnswerFormat, RunConfig
 from mappa.records import Action, Episode, Score
 from mappa.text import cut_middle
 
@@ -83,34 +83,50 @@ class CoachBackend(Protocol):
 class CoachView:
     """How the coach is shown an action, the same in training and in ``mappa coach-check``:
     the tool output cut to ``observation_chars``, the reference for ``reference_for``'s
-    agents, the agents' ``output_limit`` (so a cut-off reply reads as one), and with
-    ``answer_check`` the grader's verdict on the final answer beside the reference."""
+    agents, the agents' ``output_limit`` (so a cut-off reply reads as one), with
+    ``answer_check`` the grader's verdict on the final answer beside the reference, and the
+    ``answer_format`` the grader reads the final answer in."""
 
     observation_chars: int = 2000
     reference_for: ReferenceFor = "final"
     output_limit: int | None = None
     answer_check: bool = False
+    answer_format: AnswerFormat = "boxed"
 
     @classmethod
     def of(cls, cfg: RunConfig) -> CoachView:
         return cls(
-            cfg.coach.observation_chars,
-            cfg.coach.reference_scope,
-            cfg.rollout.max_new_tokens,
-            cfg.coach.answer_check,
+            observation_chars=cfg.coach.observation_chars,
+            reference_for=cfg.coach.reference_scope,
+            output_limit=cfg.rollout.max_new_tokens,
+            answer_check=cfg.coach.answer_check,
+            answer_format=cfg.tasks.answer_format,
         )
 
 
-def answer_verdict(final_answer: str | None, correct: bool, reference: str) -> str:
-    """The grader's verdict on an episode's final answer, in words for the coach.
+def answer_verdict(
+    final_answer: str | None, correct: bool, reference: str, timed_out: bool = False
+) -> str:
+    """The grader's verdict on an episode's final answer, in words for the coach. A
+    comparison that gave no verdict in time is said to be unchecked, not wrong: the coach
+    must not learn that an answer the grader could not compare is a wrong one.
 
     >>> answer_verdict("13", False, "11")
     'The final answer in this reply is 13: it does NOT equal the reference answer 11.'
     >>> answer_verdict(None, False, "11")
     'This reply gives no final answer in the required format.'
+    >>> unchecked = answer_verdict("10^{10^{10}}", False, "11", timed_out=True)
+    >>> "could not check it" in unchecked, "does NOT equal" in unchecked
+    (True, False)
     """
     if final_answer is None:
         return "This reply gives no final answer in the required format."
+    if timed_out:
+        return (
+            f"The final answer in this reply is {final_answer}: the grader could not check it "
+            f"against the reference answer {reference} (the comparison timed out); compare "
+            "them yourself."
+        )
     if correct:
         return f"The final answer in this reply is {final_answer}: it equals the reference answer."
     return (
@@ -129,15 +145,21 @@ def build_context(
     """The coach's view of one action. The reference (the answer for MathChat; for DSBench
     the outcome as it stood right after this action) is shown for the final agent
     (``reference_for="final"``, the paper), for every agent (``"all"``), or never
-    (``"none"``). The answer check goes with the final agent's last action, the one the
-    grader graded, on answer tasks (a modeling task's reference is its graded outcome
-    already)."""
+    (``"none"``). On a modeling task only the final agent's actions have an outcome as of
+    the action (the submission is its), so ``"all"`` shows upstream agents nothing: the
+    episode's final outcome came after their action and after every later agent's, so it is
+    not evidence of what they did. The answer check goes with the final agent's last action, the one
+    the grader graded, on answer tasks (a modeling task's reference is its graded outcome
+    already). The action's tool status and stdout travel with it to every coach."""
     is_final = action.agent == final_agent
     obs = action.tool_observation
     shown = view.reference_for == "all" or (view.reference_for == "final" and is_final)
-    reference = (
-        (action.coach_reference or episode.coach_reference or episode.answer) if shown else None
-    )
+    if not shown:
+        reference = None
+    elif episode.metrics:  # a modeling task: the outcome as of this action, if it has one
+        reference = action.coach_reference
+    else:
+        reference = episode.coach_reference or episode.answer
     graded = (
         view.answer_check
         and reference is not None
@@ -160,9 +182,14 @@ def build_context(
         is_final=is_final,
         ground_truth=reference,
         files=action.workspace_files,
-        answer_check=answer_verdict(episode.final_answer, bool(episode.correct), str(reference))
+        answer_check=answer_verdict(
+            episode.final_answer, bool(episode.correct), str(reference), episode.grader_timed_out
+        )
         if graded
         else None,
+        tool_status=action.tool_status,
+        stdout=action.tool_stdout,
+        answer_format=view.answer_format,
     )
 
 

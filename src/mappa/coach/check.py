@@ -23,11 +23,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import mean, pstdev
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from mappa.coach.base import CoachBackend, CoachView, build_context
 from mappa.coach.context import CoachContext
-from mappa.records import Action, Episode, Score
+from mappa.records import Action, Episode, Score, ToolStatus
 
 TIE_EPS = 1e-9
 """Two scores closer than this are a tie."""
@@ -54,7 +54,9 @@ ROLES = {
 class CheckCase:
     """One labelled action: ``agent`` wrote ``output`` (and saw ``observation`` from its code
     run) on ``task`` whose answer is ``answer``; ``good`` says whether it is a good action.
-    ``agent_input`` is the agent's whole input (default ``Problem: {task}``)."""
+    ``agent_input`` is the agent's whole input (default ``Problem: {task}``).
+    ``tool_status`` is how its code run ended (None: unknown, or no code ran); a case keeps
+    no stdout apart, so a rule reads a run's observation as what it printed."""
 
     agent: str
     good: bool
@@ -67,6 +69,7 @@ class CheckCase:
     error: str | None = None
     """What kind of mistake a bad action makes (free text): the check reports pairs right
     per kind, to show which mistakes a coach misses."""
+    tool_status: ToolStatus | None = None
 
 
 CASES: tuple[CheckCase, ...] = (
@@ -105,9 +108,26 @@ CASES: tuple[CheckCase, ...] = (
         "24",
         "```python\napples = 12 + 3 * 4\nprint(apples)\n```",
         "24",
+        tool_status="ok",
     ),
-    CheckCase("code_executor", True, _TASK2, "33", "```python\nprint(40 - 15 + 8)\n```", "33"),
-    CheckCase("code_executor", False, _TASK, "24", "```python\nprint(12 + 3 + 4)\n```", "19"),
+    CheckCase(
+        "code_executor",
+        True,
+        _TASK2,
+        "33",
+        "```python\nprint(40 - 15 + 8)\n```",
+        "33",
+        tool_status="ok",
+    ),
+    CheckCase(
+        "code_executor",
+        False,
+        _TASK,
+        "24",
+        "```python\nprint(12 + 3 + 4)\n```",
+        "19",
+        tool_status="ok",
+    ),
     CheckCase(
         "code_executor",
         False,
@@ -115,6 +135,7 @@ CASES: tuple[CheckCase, ...] = (
         "33",
         "```python\nprint(marbles)\n```",
         "NameError: name 'marbles' is not defined",
+        tool_status="error",
     ),
     CheckCase(
         "verifier",
@@ -254,9 +275,11 @@ _KEY_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "input": ((str,), "a string"),
     "truncated": ((bool,), "true or false"),
     "error": ((str, type(None)), "a string or null"),
+    "tool_status": ((str, type(None)), "one of " + ", ".join(get_args(ToolStatus)) + " or null"),
 }
 REQUIRED_KEYS = ("agent", "task", "answer", "output", "observation", "good")
-"""Keys every line of a cases file has (``input``, ``truncated`` and ``error`` are optional)."""
+"""Keys every line of a cases file has (``input``, ``truncated``, ``error`` and
+``tool_status`` are optional)."""
 
 
 def parse_case(obj: object, agents: Sequence[str], where: str) -> CheckCase:
@@ -289,7 +312,12 @@ agents ['verifier']
         )
     for key, value in obj.items():
         types, what = _KEY_TYPES[key]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        wrong_status = key == "tool_status" and value not in (None, *get_args(ToolStatus))
+        if (
+            not isinstance(value, types)
+            or (isinstance(value, bool) and bool not in types)
+            or wrong_status
+        ):
             raise CaseError(f"{where}: {key!r} must be {what}, not {json.dumps(value)[:60]}")
     if obj["agent"] not in agents:
         raise CaseError(
@@ -305,6 +333,7 @@ agents ['verifier']
         agent_input=obj.get("input"),
         truncated=obj.get("truncated", False),
         error=obj.get("error"),
+        tool_status=obj.get("tool_status"),
     )
 
 
@@ -377,12 +406,14 @@ def case_episode(case: CheckCase, index: int = 0) -> Episode:
         completion_text=case.output,
         truncated=case.truncated,
         tool_observation=case.observation,
+        tool_status=case.tool_status,
     )
     return Episode(eid, eid, case.task, case.answer, actions=[action])
 
 
-Grader = Callable[[str, str], tuple[str | None, bool]]
-"""``(reply, reference) -> (final answer extracted, correct)``: the run's answer grader."""
+Grader = Callable[[str, str], tuple[str | None, bool | None]]
+"""``(reply, reference) -> (final answer extracted, correct)``: the run's answer grader
+(``correct`` None: the comparison gave no verdict in time)."""
 
 
 def case_contexts(
@@ -408,7 +439,8 @@ def case_contexts(
     for i, case in enumerate(cases):
         ep = case_episode(case, i)
         if grade is not None and view.answer_check and case.agent == final_agent:
-            ep.final_answer, ep.correct = grade(case.output, case.answer)
+            ep.final_answer, verdict = grade(case.output, case.answer)
+            ep.correct, ep.grader_timed_out = verdict is True, verdict is None
         out.append(build_context(ep, ep.actions[0], roles, final_agent, view))
     return out
 

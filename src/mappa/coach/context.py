@@ -6,6 +6,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
+from mappa.config import AnswerFormat
+from mappa.records import ToolStatus
+
 
 @dataclass(frozen=True)
 class CoachContext:
@@ -15,7 +18,10 @@ class CoachContext:
     (DSBench), for the agents ``coach.reference_for`` names. ``files`` is the
     workspace listing with provenance (DSBench), ``task_type`` feeds the bias statistics.
     ``answer_check`` is the grader's verdict on the final answer, in words
-    (``coach.answer_check``).
+    (``coach.answer_check``). ``tool_status`` is how the action's code run ended (None: it
+    ran no code), shown to a model coach beside the observation; ``stdout`` is what that
+    run printed on stdout alone (uncut: the answer oracle reads its last number), and
+    ``answer_format`` how the grader reads the final agent's answer.
     """
 
     task: str
@@ -32,6 +38,9 @@ class CoachContext:
     files: str | None = None
     task_type: str = "default"
     answer_check: str | None = None
+    tool_status: ToolStatus | None = None
+    stdout: str | None = None
+    answer_format: AnswerFormat = "boxed"
 
     def digest(self) -> str:
         """A stable hash of everything the coach sees (the cache key's context part)."""

@@ -4,12 +4,13 @@ function instead of a model (``coach.backend: rules``).
 A rule is any importable callable ``rule(context: CoachContext) -> float | Score`` that
 returns a score in 0-10; ``coach.rules.function`` names it as ``module:function``. It sees
 the same ``CoachContext`` a model coach would (role, input, output, tool output, and the
-reference for the agents ``coach.reference_for`` names), so a team can reward its own
-checks per action with the rest of the loop (advantages, health metrics, report) unchanged.
+reference for the agents ``coach.reference_for`` names, the tool status and stdout of its
+code run), so a team can reward its own checks per action with the rest of the loop
+(advantages, health metrics, report) unchanged.
 
 ``answer_oracle`` is the built-in rule: each action's result checked against the reference
-answer, the best a coach could do on an answer task. The gap between a run trained on it
-and one trained on a model coach is the price of the real coach.
+answer (``mappa.workflow.oracle``), the best a coach could do on an answer task. The gap
+between a run trained on it and one trained on a model coach is the price of the real coach.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
 
 from mappa.coach.base import CoachFatalError
 from mappa.coach.context import CoachContext
 from mappa.records import Score
-from mappa.tasks.math import answers_equal, extract_answer
+from mappa.tasks.math import answers_equal
+from mappa.workflow.oracle import action_result
 
 Rule = Callable[[CoachContext], "float | Score"]
 
@@ -35,49 +36,11 @@ RIGHT, WRONG = 10.0, 0.0
 """The oracle's two scores: the action's result equals the reference, or it does not (or
 there is no result to check)."""
 
-_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
-_NO_OUTPUT = "[no output]"
-
-
-def last_number(text: str) -> str | None:
-    """The last number written in ``text`` (integers, decimals, ``1,000``, ``a/b``).
-
-    >>> last_number("12 apples, then 3/4 of 1,000 is 750."), last_number("none")
-    ('750', None)
-    """
-    found = _NUMBER.findall(text)
-    return found[-1] if found else None
-
-
-def committed_answer(text: str) -> str | None:
-    """The answer a reply commits to in either format the grader reads: its boxed answer,
-    else its ``Answer:`` line."""
-    return extract_answer(text, "boxed") or extract_answer(text, "answer_line")
-
-
-def stated_result(text: str) -> str | None:
-    r"""What a reply states as its result: its committed answer, else the last number it
-    writes.
-
-    >>> stated_result(r"so 2+3 = 5, then \boxed{6} and 7"), stated_result("it is 12.")
-    ('6', '12')
-    """
-    return committed_answer(text) or last_number(text)
-
-
-def action_result(ctx: CoachContext) -> tuple[str | None, str]:
-    """The result an action commits to, and where it was read: the final agent's committed
-    answer (boxed or an ``Answer:`` line: what the grader reads); for an action whose code
-    ran, the last number its program printed; otherwise the result its reply states."""
-    if ctx.is_final:
-        return committed_answer(ctx.output), "its final answer"
-    if ctx.observation is not None and ctx.observation.strip() != _NO_OUTPUT:
-        return last_number(ctx.observation), "the last number its program printed"
-    return stated_result(ctx.output), "the result its reply states"
-
 
 def answer_oracle(ctx: CoachContext) -> Score:
-    """10 when the action's result (``action_result``) equals the reference answer, else 0.
+    """10 when the action's result (``mappa.workflow.oracle.action_result``: what its
+    program printed on stdout, nothing when the program failed; the final agent's answer as
+    the grader reads it) equals the reference answer, else 0.
 
     Needs the reference for every agent (``coach.reference_for: all``); an action whose
     context carries none is a configuration error, not a zero.
@@ -88,7 +51,14 @@ def answer_oracle(ctx: CoachContext) -> Score:
             "answer; the oracle checks every agent's result against it: set "
             "coach.show_ground_truth: true and coach.reference_for: all"
         )
-    result, where = action_result(ctx)
+    result, where = action_result(
+        ctx.output,
+        is_final=ctx.is_final,
+        observation=ctx.observation,
+        tool_status=ctx.tool_status,
+        stdout=ctx.stdout,
+        answer_format=ctx.answer_format,
+    )
     if result is None:
         return Score(WRONG, f"no result found ({where}); reference {ctx.ground_truth}")
     right = answers_equal(result, ctx.ground_truth)

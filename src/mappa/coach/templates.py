@@ -19,6 +19,7 @@ import yaml
 
 from mappa.coach.context import CoachContext
 from mappa.config import AgentConfig
+from mappa.records import ToolStatus
 
 # Placeholders each section may use.
 ALLOWED_FIELDS: dict[str, set[str]] = {
@@ -44,6 +45,14 @@ ALLOWED_FIELDS: dict[str, set[str]] = {
     "corrective": {"final_corrective"},
 }
 SHIPPED = ("mathchat", "mathchat_brief", "mathchat_facts", "dsbench")
+
+TOOL_STATUS_WORDS: dict[ToolStatus, str] = {
+    "ok": "ok, every block ran without an error",
+    "error": "error, the program failed (an exception, a non-zero exit or a crash)",
+    "timeout": "timeout, the program ran out of time and was stopped",
+    "limit": "limit, the program hit a resource limit (memory, CPU, output, files) and was stopped",
+}
+"""How the coach is told the way an action's code run ended."""
 
 
 class TemplateError(ValueError):
@@ -176,7 +185,7 @@ def render_messages(template: CoachTemplate, ctx: CoachContext) -> list[dict[str
         turn=ctx.turn + 1,
         agent_input=ctx.agent_input,
         output=ctx.output,
-        observation=ctx.observation if ctx.observation is not None else "(no code was run)",
+        observation=shown_observation(ctx),
         files=ctx.files or "(no files)",
         output_limit=limit,
         truncated_note=" (cut off at the length limit)" if ctx.truncated else "",
@@ -185,6 +194,25 @@ def render_messages(template: CoachTemplate, ctx: CoachContext) -> list[dict[str
         task_type=ctx.task_type,
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def shown_observation(ctx: CoachContext) -> str:
+    """The action's tool output as the coach reads it (``{observation}``): the output, then
+    a line with the run's status from the sandbox, so every template, the user's own too,
+    shows whether the program ran, without the coach guessing it from the text.
+
+    >>> from mappa.coach.context import CoachContext
+    >>> ctx = CoachContext("t", "a", "r", 0, "in", "out", "[exit code 1]", False, None,
+    ...                    tool_status="error")
+    >>> print(shown_observation(ctx))
+    [exit code 1]
+    [tool status: error, the program failed (an exception, a non-zero exit or a crash)]
+    """
+    if ctx.observation is None:
+        return "(no code was run)"
+    if ctx.tool_status is None:
+        return ctx.observation
+    return f"{ctx.observation}\n[tool status: {TOOL_STATUS_WORDS[ctx.tool_status]}]"
 
 
 def corrective_message(template: CoachTemplate, ctx: CoachContext) -> dict[str, str]:

@@ -442,11 +442,15 @@ class CoachConfig(Strict):
     show_ground_truth: bool = Field(
         True, description="Show the reference answer to the coach (see `reference_for`)."
     )
-    reference_for: Literal["final", "all"] = Field(
+    reference_for: Literal["none", "final", "all"] = Field(
         "final",
         description="Whose actions the coach judges with the reference answer in view: "
-        "`final` (the paper: the final agent only) or `all` (every agent, so the coach can "
-        "check an intermediate result against it). No effect when `show_ground_truth` is off.",
+        "`final` (the paper: the final agent only), `all` (every agent, so the coach can "
+        "check an intermediate result against it) or `none` (no agent: a label-free run; "
+        "the same as `show_ground_truth: false`). On a modeling task the reference is the "
+        "submission's outcome as of the judged action, which only the final agent's actions "
+        "have: `all` shows upstream agents nothing, never the episode's final outcome. No "
+        "effect when `show_ground_truth` is off.",
     )
     answer_check: bool = Field(
         False,
@@ -487,7 +491,7 @@ class CoachConfig(Strict):
     @property
     def reference_scope(self) -> Literal["none", "final", "all"]:
         """Whose actions are judged with the reference in view: `none` when
-        `show_ground_truth` is off, else `reference_for`."""
+        `show_ground_truth` is off, else `reference_for` (itself possibly `none`)."""
         return self.reference_for if self.show_ground_truth else "none"
 
 

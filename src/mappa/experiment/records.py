@@ -2,11 +2,13 @@
 can outlast the machine it started on: a rerun anywhere skips the runs recorded there.
 
 A record is what the results are computed from, without adapters, checkpoints, episodes or
-workspaces (tens of kB a run)::
+workspaces (tens to hundreds of kB a run)::
 
     <records>/<arm>-s<seed>/config.yaml    the run's resolved config
     <records>/<arm>-s<seed>/metrics.jsonl  its step lines (held-out evals, coach health, rl/)
     <records>/<arm>-s<seed>/heldout.jsonl  every held-out answer: step, task_id, correct
+    <records>/<arm>-s<seed>/actions.jsonl  every training action: who, its coach score, its
+                                           tool status, the oracle's verdict (``action_rows``)
     <records>/<arm>-s<seed>/record.json    wall time, the code that trained it, the format
     <records>/base/eval.json               the base model's held-out evaluation
 
@@ -32,7 +34,8 @@ from mappa.experiment.spec import ExperimentError, RunSpec
 from mappa.jsonl import append_jsonl, iter_jsonl, read_jsonl
 from mappa.provenance import run_code
 
-FORMAT = 1
+FORMAT = 2
+"""1: config, metrics, held-out answers; 2: and actions.jsonl (a format-1 record has none)."""
 MACHINE_KEYS = ("run_dir", "coach.http.base_url")
 """Config keys that say where a run ran, not what it did (an experiment's coach server
 listens on a free port): two configs that differ only here are the same run."""
@@ -77,6 +80,38 @@ def heldout_rows(run_dir: Path) -> list[dict[str, Any]]:
         {"step": ep["step"], "task_id": ep["task_id"], "correct": ep["correct"]}
         for ep in iter_jsonl(path)
     ]
+
+
+def action_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """One row per training action of a run directory, from its episodes: where it was
+    (step, episode, task, agent, turn), its coach score (``score``, ``flagged``; None for a
+    run that asks no coach), how its code ran (``tool_status``, None: no code), the answer
+    oracle's verdict on its result (``oracle``, None: no reference or not recorded) and the
+    episode's graded outcome (``correct``). Enough to check credit assignment per episode
+    after the run, without its episodes: does the coach score the actions the oracle finds
+    right above the ones it finds wrong? Empty when the run wrote no episodes."""
+    path = run_dir / "episodes.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for ep in iter_jsonl(path):
+        for a in ep.get("actions", []):
+            coach = a.get("coach") or {}
+            rows.append(
+                {
+                    "step": ep["step"],
+                    "episode_id": ep["episode_id"],
+                    "task_id": ep["task_id"],
+                    "agent": a["agent"],
+                    "turn": a["turn"],
+                    "score": coach.get("value"),
+                    "flagged": coach.get("flagged"),
+                    "tool_status": a.get("tool_status"),
+                    "oracle": a.get("oracle"),
+                    "correct": ep.get("correct"),
+                }
+            )
+    return rows
 
 
 def run_dir_answers(run_dir: Path) -> dict[str, float] | None:
@@ -132,6 +167,7 @@ class Records:
         )
         shutil.copyfile(run_dir / "metrics.jsonl", tmp / "metrics.jsonl")
         append_jsonl(tmp / "heldout.jsonl", heldout_rows(run_dir))
+        append_jsonl(tmp / "actions.jsonl", action_rows(run_dir))
         (tmp / "record.json").write_text(
             json.dumps(
                 {"format": FORMAT, "run": run.name, "wall_s": wall_s, "code": run_code(run_dir)},
@@ -151,6 +187,11 @@ class Records:
         """The code that trained ``run``, as its record says (``run_code``; ``None``:
         unknown, e.g. a record older than this field)."""
         return self._info(run).get("code")
+
+    def actions(self, run: RunSpec) -> list[dict[str, Any]] | None:
+        """``run``'s training actions (``action_rows``); None for a record older than them."""
+        path = self.root / run.name / "actions.jsonl"
+        return read_jsonl(path) if path.is_file() else None
 
     def read(self, run: RunSpec) -> StoredRun:
         folder = self.root / run.name

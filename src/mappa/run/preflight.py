@@ -155,9 +155,11 @@ def _rule_problem(cfg: RunConfig) -> str | None:
     except ValueError as err:
         return str(err)
     if c.rules.function == ORACLE and c.reference_scope != "all":
+        shown = "no agent" if c.reference_scope == "none" else "the final agent only"
         return (
             f"coach.rules.function: {ORACLE} checks every agent's result against the "
-            "reference answer: set coach.reference_for: all (and coach.show_ground_truth: true)"
+            f"reference answer, which this config shows to {shown}: set "
+            "coach.reference_for: all (and coach.show_ground_truth: true)"
         )
     return None
 

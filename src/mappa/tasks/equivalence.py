@@ -111,8 +111,9 @@ class _Worker:
             self._warm = self._line(proc, time.monotonic() + 30.0 + timeout_s) == "ready"
         return self._line(proc, time.monotonic() + timeout_s) if self._warm else None
 
-    def equal(self, gold: str, predicted: str, timeout_s: float) -> bool:
-        """True when equivalent; False when not, or when no verdict came within ``timeout_s``."""
+    def equal(self, gold: str, predicted: str, timeout_s: float) -> bool | None:
+        """True when equivalent, False when not, None when no verdict came within
+        ``timeout_s`` (the worker is then restarted)."""
         with self._lock:
             try:
                 reply = self._ask(gold, predicted, timeout_s)
@@ -125,15 +126,16 @@ class _Worker:
                 "answer comparison timed out after %.1fs: %r vs %r", timeout_s, predicted, gold
             )
             self.stop()
-            return False
+            return None
 
 
 _WORKER = _Worker()
 atexit.register(_WORKER.stop)
 
 
-def equivalent(gold: str, predicted: str, timeout_s: float) -> bool:
-    r"""Whether two LaTeX answers are mathematically equal (sympy), within ``timeout_s``.
+def equivalent(gold: str, predicted: str, timeout_s: float) -> bool | None:
+    r"""Whether two LaTeX answers are mathematically equal (sympy); None when that could not
+    be decided within ``timeout_s``.
 
     >>> equivalent(r"2\sqrt{3}", r"\sqrt{12}", 5.0)
     True

@@ -147,11 +147,12 @@ def reference_text(answer: Reference) -> str:
     return str(answer)
 
 
-def answers_equal(predicted: str, reference: Reference, timeout_s: float = 5.0) -> bool:
-    r"""Compare an extracted answer with the reference (steps 2 and 3 of the policy).
+def compare_answers(predicted: str, reference: Reference, timeout_s: float = 5.0) -> bool | None:
+    r"""Compare an extracted answer with the reference (steps 2 and 3 of the policy); None
+    when the symbolic comparison gave no verdict within ``timeout_s``.
 
-    >>> answers_equal("1,000", 1000), answers_equal("0.5", r"\frac{1}{2}"), answers_equal("7", "8")
-    (True, True, False)
+    >>> compare_answers("1,000", 1000), compare_answers("7", "8")
+    (True, False)
     """
     pred, gold = normalize_answer(predicted), normalize_answer(reference_text(reference))
     pred_compact, gold_compact = pred.replace(" ", ""), gold.replace(" ", "")
@@ -163,11 +164,22 @@ def answers_equal(predicted: str, reference: Reference, timeout_s: float = 5.0) 
     return pred_compact == gold_compact or equivalent(gold, pred, timeout_s)
 
 
+def answers_equal(predicted: str, reference: Reference, timeout_s: float = 5.0) -> bool:
+    r"""``compare_answers`` with no verdict counted as not equal (the grader's rule).
+
+    >>> answers_equal("1,000", 1000), answers_equal("0.5", r"\frac{1}{2}"), answers_equal("7", "8")
+    (True, True, False)
+    """
+    return compare_answers(predicted, reference, timeout_s) is True
+
+
 class Graded(NamedTuple):
-    """What was extracted from a response and whether it matches the reference."""
+    """What was extracted from a response and whether it matches the reference: ``correct``
+    is None when the comparison gave no verdict in time (the caller counts it wrong, and
+    may say that it was never checked)."""
 
     extracted: str | None
-    correct: bool
+    correct: bool | None
 
 
 def grade_answer(
@@ -179,8 +191,9 @@ def grade_answer(
     Graded(extracted='033', correct=True)
     """
     extracted = extract_answer(response, answer_format)
-    correct = extracted is not None and answers_equal(extracted, answer, timeout_s)
-    return Graded(extracted, correct)
+    if extracted is None:
+        return Graded(None, False)
+    return Graded(extracted, compare_answers(extracted, answer, timeout_s))
 
 
 def grade(
@@ -191,4 +204,4 @@ def grade(
     >>> grade(r"so the area is $\boxed{18}$", 18.0), grade("It is 18.", "18")
     (True, False)
     """
-    return grade_answer(response, answer, answer_format, timeout_s).correct
+    return grade_answer(response, answer, answer_format, timeout_s).correct is True

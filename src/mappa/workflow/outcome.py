@@ -22,6 +22,7 @@ class Outcome:
     final_answer: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     reference: str | None = None  # shown to the coach when it judges the final agent
+    grader_timed_out: bool = False  # no verdict in time: ``correct`` is False, unchecked
 
 
 def judge(
@@ -47,4 +48,4 @@ def judge(
     from mappa.tasks.math import grade_answer
 
     extracted, correct = grade_answer(final_text, task.answer, answer_format, timeout_s)
-    return Outcome(correct, extracted, {}, task.answer)
+    return Outcome(correct is True, extracted, {}, task.answer, grader_timed_out=correct is None)

@@ -32,7 +32,11 @@ from mappa.tasks import Task
 from mappa.text import cut_middle
 from mappa.workflow.chat import ChatFormat, plain_transcript
 from mappa.workflow.interface import Phase, RolloutInput, RolloutOutput, SamplingParams
+from mappa.workflow.oracle import action_verdict
 from mappa.workflow.outcome import judge
+
+_Run = tuple[str | None, ToolStatus | None, str | None]
+"""One message's code run: its observation, status and stdout (all None: no code)."""
 
 
 @dataclass
@@ -139,7 +143,16 @@ class PipelineRunner:
                 self.grade_timeout_s,
             )
             ep.correct, ep.final_answer = outcome.correct, outcome.final_answer
+            ep.grader_timed_out = outcome.grader_timed_out
             ep.metrics, ep.coach_reference = outcome.metrics, outcome.reference
+            for action in ep.actions:
+                action.oracle = action_verdict(
+                    action,
+                    is_final=action.agent == final,
+                    reference=task.answer,
+                    answer_format=self.answer_format,
+                    timeout_s=self.grade_timeout_s,
+                )
         tokens = sum(len(a.completion_ids) for e in episodes for a in e.actions)
         return RolloutOutput(episodes, tokens, time.monotonic() - start)
 
@@ -194,7 +207,7 @@ class PipelineRunner:
             runs = self._execute_all([episodes[i].episode_id for i in active], texts, agent, turn)
             still = []
             for i, sample, text, run in zip(active, samples, texts, runs, strict=True):
-                obs, status = run
+                obs, status, stdout = run
                 episodes[i].actions.append(
                     Action(
                         episode_id=episodes[i].episode_id,
@@ -208,6 +221,7 @@ class PipelineRunner:
                         truncated=sample.truncated,
                         tool_observation=obs,
                         tool_status=status,
+                        tool_stdout=stdout,
                         workspace_files=(
                             self.workspaces[episodes[i].episode_id].describe()
                             if agent.run_code
@@ -258,11 +272,11 @@ class PipelineRunner:
 
     def _execute_all(
         self, episode_ids: list[str], texts: list[str], agent: AgentConfig, turn: int
-    ) -> list[tuple[str | None, ToolStatus | None]]:
+    ) -> list[_Run]:
         """Run every episode's code blocks in its workspace (episodes in parallel, blocks in
-        order): (observation, status) per message, ``(None, None)`` where a message has no
-        code, which ends that agent's tool loop."""
-        runs: list[tuple[str | None, ToolStatus | None]] = [(None, None)] * len(texts)
+        order): (observation, status, stdout) per message, all None where a message has no
+        code, which ends that agent's tool loop. The stdout is every block's, in order."""
+        runs: list[_Run] = [(None, None, None)] * len(texts)
         if not agent.run_code:
             return runs
         jobs, where = [], []
@@ -272,7 +286,11 @@ class PipelineRunner:
                 jobs.append(Job(self.workspaces[eid], agent.name, turn, blocks))
                 where.append(i)
         for i, results in zip(where, self.sandbox.run(jobs), strict=True):
-            runs[i] = ("\n".join(r.observation() for r in results), tool_status(results))
+            runs[i] = (
+                "\n".join(r.observation() for r in results),
+                tool_status(results),
+                "\n".join(r.stdout for r in results),
+            )
         return runs
 
 
