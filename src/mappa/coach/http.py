@@ -14,8 +14,8 @@ With ``score_mode: expected`` the score is the expected value over the probabili
 0-10 at the score position (``logprobs``/``top_logprobs``), falling back to the sampled one;
 the probability on any score there is kept as ``Score.digit_mass``. Where "10" is two
 tokens and the reply does not show how much of "1" starts "10", the expected score is known
-only within a range (``mappa.coach.parse.expected_score_from_logprobs``): its middle stands
-when the range is narrow, else the written score does, and the rationale says so.
+only within a range (``mappa.coach.parse.expected_score_from_logprobs``): the score is its
+middle, and the rationale gives the range.
 docs/reliability.md has the fault model.
 """
 
@@ -260,11 +260,10 @@ def _expected(logprobs: list[dict[str, Any]] | None) -> ExpectedScore | None:
 
 
 def _unresolved_note(expected: ExpectedScore) -> str:
-    """Why an expected score was not used, for the score's rationale."""
+    """The range an expected score was taken from the middle of, for its rationale."""
     return (
-        f"expected score not read: between {expected.low:.2f} and {expected.high:.2f} "
-        f"(digit mass {expected.digit_mass:.2f}), as the reply does not show how much of "
-        '"1" starts "10"; the written score stands'
+        f"expected score {expected.value:.2f}: the middle of {expected.low:.2f}-"
+        f'{expected.high:.2f}, as the reply does not show how much of "1" starts "10"'
     )
 
 
@@ -421,9 +420,8 @@ class HttpCoach:
                 expected = _expected(reply.logprobs)
                 if expected is None:
                     continue
-                if expected.resolved:
-                    value, digit_mass = expected.value, expected.digit_mass
-                else:
+                value, digit_mass = expected.value, expected.digit_mass
+                if expected.high > expected.low:
                     notes.append(_unresolved_note(expected))
                 break
         prompt = sum(r.prompt_tokens for r in replies)

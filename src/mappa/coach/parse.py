@@ -66,13 +66,10 @@ def parse_score(text: str, lenient: bool = False) -> ParsedScore:
 
 
 _BEFORE_SCORE = re.compile(r"PROCESS_SCORE\s*[:=]\s*$", re.IGNORECASE)
-_TWO_DIGITS = re.compile(r"[0-9]{2}")
-
-MAX_TEN_AMBIGUITY = 0.5
-"""The widest range, in score points, in which a reply may leave its expected score (the
-share of "1" that starts "10" unknown) for the middle of the range to stand for it: off by
-at most 0.25, half of the smallest spread that counts as signal at the defaults. Wider, the
-expected score is not read from that reply."""
+MULTI_DIGIT = re.compile(r"\s*[0-9]{2,}\s*")
+"""A token that is a whole number of two or more digits (``fullmatch``): a tokenizer that
+has one writes numbers in multi-digit tokens, "10" among them (GPT-4's, Llama 3's). Not any
+token holding two digits: Qwen2.5's GGUF vocabulary pads with ``[PAD151665]`` and the like."""
 
 
 class ExpectedScore(NamedTuple):
@@ -89,11 +86,6 @@ class ExpectedScore(NamedTuple):
     digit_mass: float
     low: float
     high: float
-
-    @property
-    def resolved(self) -> bool:
-        """Whether ``value`` is within ``MAX_TEN_AMBIGUITY / 2`` of the expected score."""
-        return self.high - self.low <= MAX_TEN_AMBIGUITY
 
 
 def _listed(token: dict[str, Any]) -> list[tuple[str, float]]:
@@ -128,7 +120,7 @@ def _ten_share(tokens: list[dict[str, Any]], position: int) -> tuple[float, floa
         return _zero_bounds(tokens[position + 1])  # P("0" | "1"), as the local scorers read
     texts = [t.get("token", "") for t in tokens]
     texts += [a.get("token", "") for t in tokens for a in t.get("top_logprobs") or []]
-    if any(_TWO_DIGITS.search(text) for text in texts):
+    if any(MULTI_DIGIT.fullmatch(text) for text in texts):
         return 0.0, 0.0  # the tokenizer writes numbers in multi-digit tokens: "10" is one
     return 0.0, 1.0
 
@@ -145,13 +137,13 @@ def expected_score_from_logprobs(tokens: list[dict[str, Any]]) -> ExpectedScore 
     "10" is two tokens, "1" may start 10, and the share of P("1") that does is P("0") at
     the next position, the split the in-process scorers make (``split_ten``). A reply
     shows that position only after a sampled "1"; otherwise the share is known only where
-    the reply shows the tokenizer writes numbers in multi-digit tokens (any token with two
-    digits, e.g. a single-token "10"): then "1" is the score 1. Else it lies anywhere in
-    0..1, and so does the expected score between ``low`` ("1" is 1) and ``high`` ("1"
-    starts 10): no share is dropped and the rest renormalised, which moved the score
-    toward whatever else was likely. ``value`` is the middle; the caller uses it only when
-    the range is narrow (``ExpectedScore.resolved``). None when no score position exists
-    or no score has mass there.
+    the reply shows the tokenizer writes numbers in multi-digit tokens (a token that is a
+    number of two or more digits, ``MULTI_DIGIT``, e.g. "10"): then "1" is the score 1.
+    Else it lies anywhere in 0..1, and the expected score between ``low`` ("1" is 1) and
+    ``high`` ("1" starts 10); ``value`` is the middle: whatever the split, off by at most
+    half the range, where dropping the share and renormalising the rest (the older rule)
+    assumed the "1" scored like the rest and was off by up to the whole range when it did
+    not. None when no score position exists or no score has mass there.
 
     >>> toks = [{"token": "PROCESS_SCORE:", "top_logprobs": []},
     ...         {"token": " 8", "top_logprobs": [{"token": " 8", "logprob": -0.2231},
