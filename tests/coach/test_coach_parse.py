@@ -169,6 +169,13 @@ def test_a_zero_padded_number_is_not_a_score(padded: str) -> None:
     assert expected_score_from_logprobs(_at_score(padded, {padded: 1.0})) is None
 
 
+def test_a_sampled_score_without_probabilities_is_not_read_as_certain() -> None:
+    # no logprob and no alternatives: nothing says how likely " 7" was (it was read as
+    # P 1, digit mass 1.0); the written score stands instead, its mass unknown
+    toks = [{"token": "PROCESS_SCORE:", "top_logprobs": []}, {"token": " 7", "top_logprobs": []}]
+    assert expected_score_from_logprobs(toks) is None
+
+
 def _after_one(next_token: dict) -> list[dict]:
     """A reply with a sampled "1" (P 0.5, beside "9" at 0.5) and then ``next_token``."""
     return [

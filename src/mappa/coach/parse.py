@@ -90,12 +90,13 @@ class ExpectedScore(NamedTuple):
 
 def _listed(token: dict[str, Any]) -> list[tuple[str, float]]:
     """(text, probability) of what a reply lists at one position: its ``top_logprobs``
-    and the sampled token (a server always sends the sampled one's logprob; it is not
-    always among the top ones)."""
+    and the sampled token where its logprob is given (a sampled token is not always among
+    the top ones; one without a logprob is not taken as certain)."""
     top = token.get("top_logprobs") or []
     listed = [(alt.get("token", ""), math.exp(alt["logprob"])) for alt in top]
-    if token.get("token", "") not in {text for text, _ in listed}:
-        listed.append((token.get("token", ""), math.exp(token.get("logprob", 0.0))))
+    sampled = token.get("token", "")
+    if "logprob" in token and sampled not in {text for text, _ in listed}:
+        listed.append((sampled, math.exp(token["logprob"])))
     return listed
 
 
