@@ -21,7 +21,7 @@ def scores(*values: float) -> list[Score]:
 
 
 def test_spread_std_ties_and_mode_share() -> None:
-    h = agent_health(scores(2.0, 4.0, 4.0, 8.0), min_reward_spread=0.05)
+    h = agent_health(scores(2.0, 4.0, 4.0, 8.0), min_reward_spread=0.05, w_process=1.0)
     assert h.n == 4 and h.spread == 6.0
     assert h.std == pytest.approx(2.1794494717703)  # population std of 2, 4, 4, 8
     assert h.tie_rate == pytest.approx(1 / 6)  # one tied pair of six
@@ -30,7 +30,7 @@ def test_spread_std_ties_and_mode_share() -> None:
 
 
 def test_ties_are_within_1e_9_and_the_mode_is_rounded_to_a_tenth() -> None:
-    h = agent_health([Score(7.0), Score(7.0 + 1e-12), Score(7.04), Score(6.96)], 0.0)
+    h = agent_health([Score(7.0), Score(7.0 + 1e-12), Score(7.04), Score(6.96)], 0.0, 1.0)
     assert h.tie_rate == pytest.approx(1 / 6)  # 7.0 ~ 7.0+1e-12 only
     assert h.mode_share == 1.0  # every one rounds to 7.0
     assert h.signal  # 0.08 points > 0: with min_reward_spread 0 any difference is signal
@@ -38,20 +38,38 @@ def test_ties_are_within_1e_9_and_the_mode_is_rounded_to_a_tenth() -> None:
 
 def test_all_equal_scores_carry_no_signal_even_with_a_zero_threshold() -> None:
     for threshold in (0.0, 0.05):
-        h = agent_health(scores(6.0, 6.0, 6.0), threshold)
+        h = agent_health(scores(6.0, 6.0, 6.0), threshold, 1.0)
         assert (h.spread, h.std, h.tie_rate, h.mode_share) == (0.0, 0.0, 1.0, 1.0)
         assert not h.signal
 
 
 def test_signal_threshold_is_in_reward_units() -> None:
-    assert agent_health(scores(6.0, 6.5), 0.05).signal  # 0.5 points = 0.05 reward: enough
-    assert not agent_health(scores(6.0, 6.4), 0.05).signal
-    assert not agent_health(scores(2.0, 9.0), 0.8).signal  # 0.7 < 0.8
-    assert agent_health(scores(5.8, 6.3), 0.05).signal  # float noise does not cut it off
+    assert agent_health(scores(6.0, 6.5), 0.05, 1.0).signal  # 0.5 points = 0.05 reward: enough
+    assert not agent_health(scores(6.0, 6.4), 0.05, 1.0).signal
+    assert not agent_health(scores(2.0, 9.0), 0.8, 1.0).signal  # 0.7 < 0.8
+    assert agent_health(scores(5.8, 6.3), 0.05, 1.0).signal  # float noise does not cut it off
+
+
+@pytest.mark.parametrize(
+    ("w_process", "enough", "too_little"),
+    [(1.0, 0.5, 0.4), (0.5, 1.0, 0.9), (2.0, 0.25, 0.2), (-2.0, 0.25, 0.2)],
+)
+def test_signal_threshold_scales_with_the_process_weight(
+    w_process: float, enough: float, too_little: float
+) -> None:
+    # a score enters the reward as w_process * score / 10: at weight 0.5 a half-point
+    # spread is 0.025 reward, below rl.min_reward_spread 0.05; at weight 2 a quarter
+    # point already reaches it
+    assert agent_health(scores(6.0, 6.0 + enough), 0.05, w_process).signal
+    assert not agent_health(scores(6.0, 6.0 + too_little), 0.05, w_process).signal
+
+
+def test_scores_under_a_zero_process_weight_carry_no_signal() -> None:
+    assert not agent_health(scores(0.0, 10.0), 0.05, 0.0).signal
 
 
 def test_a_single_action_has_no_pairs_and_no_signal() -> None:
-    h = agent_health(scores(9.0), 0.0)
+    h = agent_health(scores(9.0), 0.0, 1.0)
     assert (h.n, h.spread, h.std, h.tie_rate, h.mode_share, h.signal) == (
         1,
         0.0,
@@ -64,19 +82,19 @@ def test_a_single_action_has_no_pairs_and_no_signal() -> None:
 
 def test_flagged_fallbacks_are_left_out_but_their_digit_mass_counts() -> None:
     fallback = Score(5.0, flagged=True, flag_reason="low_score_mass", digit_mass=0.1)
-    h = agent_health([Score(9.0, digit_mass=0.9), fallback, Score(1.0)], 0.05)
+    h = agent_health([Score(9.0, digit_mass=0.9), fallback, Score(1.0)], 0.05, 1.0)
     assert h.n == 2 and h.spread == 8.0 and h.tie_rate == 0.0 and h.mode_share == 0.5
     assert h.signal
     assert h.digit_mass == pytest.approx(0.5)  # 0.9 and the flagged 0.1; None ignored
     # one real score and a fallback: not two unflagged scores, so no signal
-    h = agent_health([Score(9.0), Score(5.0, flagged=True, flag_reason="unavailable")], 0.0)
+    h = agent_health([Score(9.0), Score(5.0, flagged=True, flag_reason="unavailable")], 0.0, 1.0)
     assert h.n == 1 and not h.signal
 
 
 def test_digit_mass_is_none_when_no_score_knows_it() -> None:
-    assert agent_health(scores(3.0, 7.0), 0.05).digit_mass is None
-    assert agent_health([], 0.05).digit_mass is None
-    h = agent_health([Score(3.0, digit_mass=0.8), Score(7.0)], 0.05)
+    assert agent_health(scores(3.0, 7.0), 0.05, 1.0).digit_mass is None
+    assert agent_health([], 0.05, 1.0).digit_mass is None
+    h = agent_health([Score(3.0, digit_mass=0.8), Score(7.0)], 0.05, 1.0)
     assert h.digit_mass == pytest.approx(0.8)
 
 
@@ -102,7 +120,7 @@ def test_coach_health_per_agent_in_order_and_its_metric_keys() -> None:
         ),
         Episode("e2", "t", "task", "1", actions=[action("idle", None)]),
     ]
-    health = coach_health(episodes, ["solver", "idle", "verifier"], 0.05)
+    health = coach_health(episodes, ["solver", "idle", "verifier"], 0.05, 1.0)
     assert list(health) == ["solver", "verifier"]  # idle has no scored action
     m = health_metrics(health)
     assert m["coach_health/solver/spread"] == 5.0 and m["coach_health/solver/signal"] == 1
@@ -117,14 +135,14 @@ def test_coach_health_per_agent_in_order_and_its_metric_keys() -> None:
     assert health_metrics({}) == {}  # no coach (outcome_only): no keys at all
 
 
-FLAT = agent_health(scores(7.0, 7.0, 7.0), 0.05)
-GOOD = agent_health(scores(2.0, 9.0), 0.05)
+FLAT = agent_health(scores(7.0, 7.0, 7.0), 0.05, 1.0)
+GOOD = agent_health(scores(2.0, 9.0), 0.05, 1.0)
 
 
 def test_the_warning_comes_after_k_steps_without_signal_and_every_k_after(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    watch = NoSignalWatch(3, 0.05)
+    watch = NoSignalWatch(3, 0.05, w_process=1.0)
     seq = [
         {"a": FLAT, "b": GOOD},
         {"a": FLAT, "b": FLAT},
@@ -168,22 +186,22 @@ def test_the_warning_comes_after_k_steps_without_signal_and_every_k_after(
 
 
 def test_zero_never_warns_but_still_counts() -> None:
-    watch = NoSignalWatch(0)
+    watch = NoSignalWatch(0, 0.05, w_process=1.0)
     for _ in range(5):
         out = watch.observe({"a": FLAT})
     assert out == {"coach_health/a/no_signal_streak": 5} and watch.warnings == []
     with pytest.raises(ValueError):
-        NoSignalWatch(-1)
+        NoSignalWatch(-1, 0.05, w_process=1.0)
 
 
 def test_replay_of_metrics_lines_continues_the_streak_as_if_never_stopped() -> None:
     """A resumed run replays its metrics.jsonl: same streaks, no repeated warning."""
     seq = [{"a": GOOD}, {"a": FLAT}, {"a": FLAT}, {"a": FLAT}, {"a": FLAT}]
-    straight = NoSignalWatch(2, 0.05)
+    straight = NoSignalWatch(2, 0.05, w_process=1.0)
     rows = []
     for step, health in enumerate(seq):
         rows.append({"step": step, **health_metrics(health), **straight.observe(health)})
-    resumed = NoSignalWatch(2, 0.05)
+    resumed = NoSignalWatch(2, 0.05, w_process=1.0)
     resumed.replay(rows[:3])  # the checkpoint was after step 2 (streak 2, warned once)
     assert resumed.streaks == {"a": 2} and resumed.warnings == []
     later = [resumed.observe(h) for h in seq[3:]]

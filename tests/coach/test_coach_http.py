@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -278,6 +279,47 @@ def test_expected_mode_records_the_digit_mass(server: FakeOpenAIServer) -> None:
     assert sampled.digit_mass is None  # sample mode reads no probabilities
 
 
+def test_expected_mode_takes_the_middle_when_ten_is_unresolved(
+    server: FakeOpenAIServer,
+) -> None:
+    # " 1" (P 0.3) beside the written " 9" may start " 10": the expected score lies in
+    # 6.5..9.2; the score is its middle, not the 8.86 that dropping " 1" and renormalising
+    # gave (off by 2.36 if that "1" is 1)
+    server.logprobs = [
+        {"token": "PROCESS_SCORE:", "logprob": 0.0, "top_logprobs": []},
+        {
+            "token": " 9",
+            "logprob": math.log(0.6),
+            "top_logprobs": [
+                {"token": t, "logprob": math.log(p)}
+                for t, p in ((" 9", 0.6), (" 1", 0.3), (" 8", 0.1))
+            ],
+        },
+    ]
+    server.script = [(200, "PROCESS_SCORE: 9", {})]
+    [score] = coach(server.url, score_mode="expected").score([ctx()])
+    assert score.value == pytest.approx(7.85) and not score.flagged
+    assert score.digit_mass == pytest.approx(1.0)
+    assert "the middle of 6.50-9.20" in score.rationale
+
+
+def test_expected_mode_reads_no_zero_padded_score(server: FakeOpenAIServer) -> None:
+    server.logprobs = [
+        {"token": "PROCESS_SCORE:", "logprob": 0.0, "top_logprobs": []},
+        {
+            "token": " 3",
+            "logprob": math.log(0.5),
+            "top_logprobs": [
+                {"token": t, "logprob": math.log(p)} for t, p in ((" 3", 0.5), ("07", 0.5))
+            ],
+        },
+    ]
+    server.script = [(200, "PROCESS_SCORE: 3", {})]
+    [score] = coach(server.url, score_mode="expected").score([ctx()])
+    assert score.value == 3.0 and score.digit_mass is not None
+    assert abs(score.digit_mass - 0.5) < 1e-9  # "07" is not 7: it was read as 5.0
+
+
 def _shape(payload: object) -> Reply:
     return (200, "RAW:" + json.dumps(payload), {})
 
@@ -536,6 +578,8 @@ def test_request_fingerprint_covers_what_changes_replies() -> None:
     assert request_fingerprint(expected) != request_fingerprint(
         expected.model_copy(update={"top_logprobs": 5})
     )
+    # scores read by the rule before "1" was bounded and "07" refused are not reused
+    assert "ten=bounded" in request_fingerprint(expected)
 
 
 def _http_run(tiny_model_dir: Path, tmp_path: Path, url: str, *overrides: str) -> Path:

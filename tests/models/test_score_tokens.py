@@ -13,6 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from mappa.coach.local import SCORE_PREFIX
+from mappa.coach.parse import MULTI_DIGIT
 from mappa.models.loading import resolve_model_path
 from mappa.models.packages import locate_gguf, require_installed
 from mappa.models.score_tokens import (
@@ -20,6 +21,7 @@ from mappa.models.score_tokens import (
     score_prompt_ids,
     score_tokens,
     score_tokens_from,
+    score_value,
     split_ten,
 )
 
@@ -103,3 +105,21 @@ def test_local_prefix_is_read_at_a_digit(smollm2: Any) -> None:
     tokens = score_tokens(smollm2, SCORE_PREFIX)
     (ids,) = score_prompt_ids(smollm2, [[{"role": "user", "content": "x"}]], SCORE_PREFIX, tokens)
     assert smollm2.decode(ids).endswith("PROCESS_SCORE: ")
+
+
+def _check_no_multi_digit_token(tok: Any) -> None:
+    """The HTTP coach reads a token with two digits in a reply as proof that "10" is one
+    token, and then "1" as the score 1: never on a tokenizer that writes digits one by one."""
+    texts = [tok.decode([i]) for i in range(len(tok))]
+    assert not [t for t in texts if MULTI_DIGIT.fullmatch(t)]
+    assert [score_value(t) for t in texts].count(10) == 0  # "10" is "1" + "0" here
+
+
+def test_smollm2_writes_digits_one_token_each(smollm2: Any) -> None:
+    _check_no_multi_digit_token(smollm2)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
+def test_qwen_writes_digits_one_token_each(name: str) -> None:
+    _check_no_multi_digit_token(_qwen_tokenizer(name))

@@ -53,3 +53,53 @@ def test_outcome_only_asks_no_coach(tiny_model_dir: Path, tmp_path: Path) -> Non
     assert m["trained_actions"] == len(actions) and m["coach/calls"] == 0
     for agent in ("problem_solver", "code_executor", "verifier"):  # the reward used: outcome 0
         assert m[f"rl/{agent}/mean_reward"] == 0.0
+
+
+def _coach_key(tmp_path: Path, *overrides: str) -> str:
+    """The score cache namespace ``make_coach`` gives a replaying coach (nothing is built)."""
+    cache = f"coach.cache.path={tmp_path / 'cache.sqlite'}"
+    cfg = load_config(default_config(), ["coach.cache.mode=replay", cache, *overrides])
+    return build.make_coach(cfg, policies=None).namespace
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "coach.local.min_digit_mass=0.3",  # decides which scores are flagged
+        "model.dtype=bfloat16",  # the coach reads the policy base in the model's dtype
+        "model.path=other/model",
+        "coach.local.model_path=other/coach",
+        "coach.template=mathchat",
+        "coach.local.engine=llamacpp",
+        "coach.backend=http",
+    ],
+)
+def test_the_score_cache_key_changes_with_what_changes_a_score(tmp_path: Path, change: str) -> None:
+    base = "model.dtype=float32"
+    assert _coach_key(tmp_path, base, change) != _coach_key(tmp_path, base)
+    # a coach with a model of its own loads it in model.dtype too
+    own = "coach.local.model_path=coach/model"
+    if not change.startswith(("model.path", "coach.local.model_path")):
+        assert _coach_key(tmp_path, base, own, change) != _coach_key(tmp_path, base, own)
+
+
+@pytest.mark.parametrize(
+    "same",
+    [
+        "run_dir=elsewhere",
+        "seed=7",
+        "coach.local.batch_size=3",
+        "coach.local.batch_tokens=512",
+        "coach.local.engine=auto",
+        "coach.max_fallback_steps=9",
+    ],
+)
+def test_the_score_cache_key_ignores_what_cannot_change_a_score(tmp_path: Path, same: str) -> None:
+    assert _coach_key(tmp_path, "model.dtype=float32", same) == _coach_key(
+        tmp_path, "model.dtype=float32"
+    )
+
+
+def test_an_auto_dtype_is_keyed_by_what_it_resolves_to(tmp_path: Path) -> None:
+    resolved = {_coach_key(tmp_path, f"model.dtype={d}") for d in ("float32", "bfloat16")}
+    assert _coach_key(tmp_path, "model.dtype=auto") in resolved

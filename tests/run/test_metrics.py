@@ -85,7 +85,9 @@ def test_rollout_metrics_hold_accuracy_agent_keys_and_the_coach_statistics(
     right.correct = True
     wrong = _episode(*(_scored(n, 8.0) for n in names))
     wrong.correct = False
-    watch = NoSignalWatch(cfg.coach.warn_no_signal_steps, cfg.rl.min_reward_spread)
+    watch = NoSignalWatch(
+        cfg.coach.warn_no_signal_steps, cfg.rl.min_reward_spread, w_process=cfg.rl.w_process
+    )
     scores = [a.coach for e in (right, wrong) for a in e.actions if a.coach is not None]
     with caplog.at_level(logging.WARNING):
         m = rollout_metrics(3, [right, wrong], scores, cfg, watch)
@@ -97,6 +99,33 @@ def test_rollout_metrics_hold_accuracy_agent_keys_and_the_coach_statistics(
     assert m["coach_health/signal_agents"] == 0 and m["coach_health/agents"] == len(names)
     assert m["coach_health/digit_mass"] == pytest.approx(0.9)
     assert "consecutive steps (coach.warn_no_signal_steps=1)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("w_process", "spread", "signal"),
+    [(0.5, 0.7, 0), (0.5, 1.2, 1), (2.0, 0.3, 1), (2.0, 0.2, 0)],
+)
+def test_coach_health_reads_the_spread_as_the_reward_weighs_it(
+    w_process: float, spread: float, signal: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """rl.min_reward_spread (0.05) is in reward units, and a score enters the reward as
+    w_process * score / 10: at 0.5 a 0.7-point spread is 0.035 (no signal), at 2 a
+    0.3-point spread is 0.06 (signal)."""
+    from mappa.cli import default_config
+    from mappa.config import load_config
+
+    overrides = [f"rl.w_process={w_process}", "rl.min_reward_spread=0.05"]
+    cfg = load_config(default_config(), [*overrides, "coach.warn_no_signal_steps=1"])
+    low = _episode(*(_scored(a.name, 6.0) for a in cfg.agents))
+    high = _episode(*(_scored(a.name, 6.0 + spread) for a in cfg.agents))
+    watch = NoSignalWatch(1, 0.05, w_process=w_process)
+    scores = [a.coach for e in (low, high) for a in e.actions if a.coach is not None]
+    with caplog.at_level(logging.WARNING):
+        m = rollout_metrics(0, [low, high], scores, cfg, watch)
+    assert m["coach_health/signal_agents"] == signal * len(cfg.agents)
+    if not signal:
+        needed = f">= {10 * 0.05 / w_process:.2g} points apart"
+        assert needed in caplog.text and f"rl.w_process={w_process:g}" in caplog.text
 
 
 def test_step_line_names_each_agents_score_and_the_coach_health() -> None:

@@ -12,7 +12,10 @@ marked ``flagged`` with its reason. Nothing else raises: any reply shape is eith
 becomes a flagged score. Error texts are stored with credentials redacted.
 With ``score_mode: expected`` the score is the expected value over the probabilities of
 0-10 at the score position (``logprobs``/``top_logprobs``), falling back to the sampled one;
-the probability on any score there is kept as ``Score.digit_mass``.
+the probability on any score there is kept as ``Score.digit_mass``. Where "10" is two
+tokens and the reply does not show how much of "1" starts "10", the expected score is known
+only within a range (``mappa.coach.parse.expected_score_from_logprobs``): the score is its
+middle, and the rationale gives the range.
 docs/reliability.md has the fault model.
 """
 
@@ -102,10 +105,12 @@ def redact(text: str, secrets: Sequence[str] = ()) -> str:
 
 
 def request_fingerprint(cfg: HttpCoachConfig) -> str:
-    """Every request setting that can change a reply, for the score cache's namespace:
-    server, model, score mode, temperature, ``max_tokens`` and (expected mode)
-    ``top_logprobs``. Timeouts, retries, concurrency and the key's variable name change no
-    reply and are left out, so tuning them keeps the cache.
+    """Every setting that can change a score, for the score cache's namespace: server,
+    model, score mode, temperature, ``max_tokens`` and, in expected mode, ``top_logprobs``
+    and the rule that reads them (``ten=bounded``: scores read by the older rule, which
+    dropped an unresolved "1" and read "07" as 7, are not reused). Timeouts, retries,
+    concurrency and the key's variable name change no reply and are left out, so tuning
+    them keeps the cache.
 
     >>> request_fingerprint(HttpCoachConfig(base_url="http://h/v1", model="m"))
     'http://h/v1|m|sample|t=0.0|max_tokens=512'
@@ -118,7 +123,7 @@ def request_fingerprint(cfg: HttpCoachConfig) -> str:
         f"max_tokens={cfg.max_tokens}",
     ]
     if cfg.score_mode == "expected":
-        parts.append(f"top_logprobs={cfg.top_logprobs}")
+        parts += [f"top_logprobs={cfg.top_logprobs}", "ten=bounded"]
     return "|".join(parts)
 
 
@@ -252,6 +257,14 @@ def _expected(logprobs: list[dict[str, Any]] | None) -> ExpectedScore | None:
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
         return None  # malformed logprobs: the sampled score stands
     return read if read is not None and all(map(math.isfinite, read)) else None
+
+
+def _unresolved_note(expected: ExpectedScore) -> str:
+    """The range an expected score was taken from the middle of, for its rationale."""
+    return (
+        f"expected score {expected.value:.2f}: the middle of {expected.low:.2f}-"
+        f'{expected.high:.2f}, as the reply does not show how much of "1" starts "10"'
+    )
 
 
 def _lenient(first: str, second: str, strict: ParsedScore) -> ParsedScore:
@@ -401,12 +414,16 @@ class HttpCoach:
             ) from None
         value = parsed.process_score
         digit_mass = None
+        notes = []
         if self.cfg.score_mode == "expected":
             for reply in reversed(replies):
                 expected = _expected(reply.logprobs)
-                if expected is not None:
-                    value, digit_mass = expected
-                    break
+                if expected is None:
+                    continue
+                value, digit_mass = expected.value, expected.digit_mass
+                if expected.high > expected.low:
+                    notes.append(_unresolved_note(expected))
+                break
         prompt = sum(r.prompt_tokens for r in replies)
         completion = sum(r.completion_tokens for r in replies)
         reason = ""
@@ -414,7 +431,7 @@ class HttpCoach:
             reason = "out_of_range" if parsed.out_of_range is not None else "unparseable"
         return Score(
             value=NEUTRAL if value is None else value,
-            rationale="\n---\n".join(r.text for r in replies),
+            rationale="\n---\n".join([*(r.text for r in replies), *notes]),
             answer_correct=parsed.answer_correct,
             flagged=value is None,
             backend=self.name,

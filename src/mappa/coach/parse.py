@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from mappa.models.score_tokens import SCORES, ZERO, score_value, split_ten
+
 # After the tag: spaces, and any of the wrappers coaches put around a number (markdown bold
 # is stripped before matching): [7], (7), "8", '8', `8`, {8}.
 _WRAP = r"[\s\[\](){}\"'`]*"
@@ -64,72 +66,110 @@ def parse_score(text: str, lenient: bool = False) -> ParsedScore:
 
 
 _BEFORE_SCORE = re.compile(r"PROCESS_SCORE\s*[:=]\s*$", re.IGNORECASE)
+MULTI_DIGIT = re.compile(r"\s*[0-9]{2,}\s*")
+"""A token that is a whole number of two or more digits (``fullmatch``): a tokenizer that
+has one writes numbers in multi-digit tokens, "10" among them (GPT-4's, Llama 3's). Not any
+token holding two digits: Qwen2.5's GGUF vocabulary pads with ``[PAD151665]`` and the like."""
 
 
 class ExpectedScore(NamedTuple):
-    """``value``: the expected score; ``digit_mass``: the summed probability of the score
-    tokens among the alternatives at the score position (low: the score was not read where
-    the model writes one, and ``value`` is noise)."""
+    """An expected score read from ``top_logprobs``.
+
+    ``value``: the expected score, the middle of ``low``..``high``; ``low``/``high``: the
+    expected score with the unresolved share of "1" read as 1 / as 10 (equal when the reply
+    settles what "1" is); ``digit_mass``: the summed probability of the score tokens among
+    the alternatives at the score position (low: the score was not read where the model
+    writes one, and ``value`` is noise).
+    """
 
     value: float
     digit_mass: float
+    low: float
+    high: float
 
 
-def _score_token(token: str) -> int | None:
-    """The score 0-10 a token writes: ASCII digits only (``int`` would also read "²")."""
-    t = token.strip()
-    return int(t) if t.isascii() and t.isdigit() and int(t) <= 10 else None
+def _listed(token: dict[str, Any]) -> list[tuple[str, float]]:
+    """(text, probability) of what a reply lists at one position: its ``top_logprobs``
+    and the sampled token where its logprob is given (a sampled token is not always among
+    the top ones; one without a logprob is not taken as certain)."""
+    top = token.get("top_logprobs") or []
+    listed = [(alt.get("token", ""), math.exp(alt["logprob"])) for alt in top]
+    sampled = token.get("token", "")
+    if "logprob" in token and sampled not in {text for text, _ in listed}:
+        listed.append((sampled, math.exp(token["logprob"])))
+    return listed
+
+
+def _zero_bounds(token: dict[str, Any]) -> tuple[float, float]:
+    """Bounds on P("0") at a position: exact where "0" is listed; else at most what the
+    listing leaves unaccounted for and, ``top_logprobs`` being the likeliest tokens, no
+    more than the least likely of them."""
+    listed = _listed(token)
+    if any(text == ZERO for text, _ in listed):
+        p_zero = sum(p for text, p in listed if text == ZERO)
+        return p_zero, p_zero
+    most = max(0.0, 1.0 - sum(p for _, p in listed))
+    top = token.get("top_logprobs") or []
+    if top:
+        most = min(most, min(math.exp(alt["logprob"]) for alt in top))
+    return 0.0, most
+
+
+def _ten_share(tokens: list[dict[str, Any]], position: int) -> tuple[float, float]:
+    """Bounds on the share of P("1") at the score position that is the start of "10"."""
+    if score_value(tokens[position]["token"]) == 1 and position + 1 < len(tokens):
+        return _zero_bounds(tokens[position + 1])  # P("0" | "1"), as the local scorers read
+    texts = [t.get("token", "") for t in tokens]
+    texts += [a.get("token", "") for t in tokens for a in t.get("top_logprobs") or []]
+    if any(MULTI_DIGIT.fullmatch(text) for text in texts):
+        return 0.0, 0.0  # the tokenizer writes numbers in multi-digit tokens: "10" is one
+    return 0.0, 1.0
+
+
+def _mean(probs: list[float]) -> float:
+    return sum(s * p for s, p in enumerate(probs)) / sum(probs)
 
 
 def expected_score_from_logprobs(tokens: list[dict[str, Any]]) -> ExpectedScore | None:
     """Expected score from an OpenAI-style ``logprobs.content`` list (with ``top_logprobs``).
 
-    Finds the last token that follows ``PROCESS_SCORE:`` and is a score, and averages the
-    scores 0-10 over its top alternatives. Where "10" is two tokens, "1" may start 10:
-    when "1" was sampled, its probability is split into 1 and 10 by the probability of "0"
-    at the next position. When it was not, that share is unknown (an OpenAI-style reply
-    has no next position for an unsampled token), so the mass of "1" is left out and the
-    rest renormalised; at temperature 0 what is left out is at most P(sampled). A
-    single-token "10" among the alternatives shows the tokenizer writes 10 in one token,
-    and then "1" is the score 1. None when no score position exists or no mass is left.
+    Finds the last token that follows ``PROCESS_SCORE:`` and is a score (``score_value``:
+    "07" is none), and averages the scores 0-10 over what the reply lists there. Where
+    "10" is two tokens, "1" may start 10, and the share of P("1") that does is P("0") at
+    the next position, the split the in-process scorers make (``split_ten``). A reply
+    shows that position only after a sampled "1"; otherwise the share is known only where
+    the reply shows the tokenizer writes numbers in multi-digit tokens (a token that is a
+    number of two or more digits, ``MULTI_DIGIT``, e.g. "10"): then "1" is the score 1.
+    Else it lies anywhere in 0..1, and the expected score between ``low`` ("1" is 1) and
+    ``high`` ("1" starts 10); ``value`` is the middle: whatever the split, off by at most
+    half the range, where dropping the share and renormalising the rest (the older rule)
+    assumed the "1" scored like the rest and was off by up to the whole range when it did
+    not. None when no score position exists or no score has mass there.
 
     >>> toks = [{"token": "PROCESS_SCORE:", "top_logprobs": []},
     ...         {"token": " 8", "top_logprobs": [{"token": " 8", "logprob": -0.2231},
     ...                                          {"token": " 6", "logprob": -1.6094}]}]
     >>> [round(x, 2) for x in expected_score_from_logprobs(toks)]
-    [7.6, 1.0]
+    [7.6, 1.0, 7.6, 7.6]
     """
     text, position = "", None
     for i, tok in enumerate(tokens):
         if (
             _BEFORE_SCORE.search(text.replace("*", ""))
-            and _score_token(tok.get("token", "")) is not None
+            and score_value(tok.get("token", "")) is not None
         ):
             position = i
         text += tok.get("token", "")
     if position is None:
         return None
-    sampled = tokens[position]
-    probs = [0.0] * 11
-    for alt in sampled.get("top_logprobs") or [
-        {"token": sampled["token"], "logprob": sampled.get("logprob", 0.0)}
-    ]:
-        value = _score_token(alt.get("token", ""))
+    probs = [0.0] * len(SCORES)
+    for token, p in _listed(tokens[position]):
+        value = score_value(token)
         if value is not None:
-            probs[value] += math.exp(alt["logprob"])
+            probs[value] += p
     digit_mass = sum(probs)
-    if _score_token(sampled["token"]) == 1:
-        if position + 1 < len(tokens):
-            p_zero = sum(
-                math.exp(a["logprob"])
-                for a in tokens[position + 1].get("top_logprobs") or []
-                if a.get("token", "").strip() == "0"
-            )
-            probs[10] += probs[1] * p_zero
-            probs[1] *= 1 - p_zero
-    elif probs[10] == 0.0:  # no single-token "10" seen: "1" may be the start of 10
-        probs[1] = 0.0
-    mass = sum(probs)
-    if mass <= 0:
+    if digit_mass <= 0:
         return None
-    return ExpectedScore(sum(s * p for s, p in enumerate(probs)) / mass, digit_mass)
+    share_low, share_high = _ten_share(tokens, position)
+    low, high = _mean(split_ten(probs, share_low)), _mean(split_ten(probs, share_high))
+    return ExpectedScore((low + high) / 2, digit_mass, low, high)

@@ -109,8 +109,8 @@ class AgentHealth:
     ``tie_rate``: share of pairs of its scores within ``TIE_EPS`` of each other;
     ``mode_share``: share of the most common score rounded to 0.1; ``digit_mass``: mean
     probability the coach put on any score where it read one (None where unknown);
-    ``signal``: at least two unflagged scores whose spread in reward units (score / 10)
-    reaches ``rl.min_reward_spread``. Statistics of no scores are None.
+    ``signal``: at least two unflagged scores whose spread, as rewards, reaches
+    ``rl.min_reward_spread`` (``min_score_spread``). Statistics of no scores are None.
     """
 
     n: int
@@ -122,20 +122,38 @@ class AgentHealth:
     signal: bool
 
 
-def agent_health(scores: Sequence[Score], min_reward_spread: float) -> AgentHealth:
+def min_score_spread(min_reward_spread: float, w_process: float) -> float:
+    """The spread of coach scores, in points (0-10), that ``rl.min_reward_spread`` asks of
+    the rewards: a score enters the reward as ``w_process * score / 10`` (docs/algorithm.md),
+    so a weight of 0.5 needs twice the points and a weight of 2 half. Infinite at weight 0:
+    scores then carry nothing into the reward.
+
+    >>> min_score_spread(0.05, 1.0), min_score_spread(0.05, 0.5), min_score_spread(0.05, 2.0)
+    (0.5, 1.0, 0.25)
+    """
+    if w_process == 0.0:
+        return math.inf
+    return 10.0 * min_reward_spread / abs(w_process)
+
+
+def agent_health(
+    scores: Sequence[Score], min_reward_spread: float, w_process: float
+) -> AgentHealth:
     """One agent's health from its scores of one step. Flagged fallbacks are left out of
     the spread, ties, mode and signal (they are not the coach's judgement, and training
     leaves them out); their ``digit_mass`` counts where known, since a score flagged for a
-    low mass is exactly what that number is there to show.
+    low mass is exactly what that number is there to show. ``min_reward_spread`` and
+    ``w_process``: the run's ``rl`` keys of those names (``min_score_spread``).
 
-    >>> h = agent_health([Score(7.0, digit_mass=0.9), Score(7.0), Score(4.0, digit_mass=0.5)], 0.05)
+    >>> mixed = [Score(7.0, digit_mass=0.9), Score(7.0), Score(4.0, digit_mass=0.5)]
+    >>> h = agent_health(mixed, 0.05, 1.0)
     >>> h.n, h.spread, round(h.std, 3), round(h.tie_rate, 3), round(h.mode_share, 3), h.signal
     (3, 3.0, 1.414, 0.333, 0.667, True)
     >>> round(h.digit_mass, 3)
     0.7
-    >>> agent_health([Score(6.0), Score(6.2)], 0.05).signal  # 0.02 in reward units
+    >>> agent_health([Score(6.0), Score(6.2)], 0.05, 1.0).signal
     False
-    >>> h = agent_health([Score(5.0, flagged=True, flag_reason="unavailable")], 0.05)
+    >>> h = agent_health([Score(5.0, flagged=True, flag_reason="unavailable")], 0.05, 1.0)
     >>> h.n, h.spread, h.tie_rate, h.mode_share, h.digit_mass, h.signal
     (0, None, None, None, None, False)
     """
@@ -149,7 +167,8 @@ def agent_health(scores: Sequence[Score], min_reward_spread: float) -> AgentHeal
     pairs = n * (n - 1) // 2
     ties = sum(abs(values[i] - values[j]) <= TIE_EPS for i in range(n) for j in range(i + 1, n))
     modes = Counter(round(v, 1) for v in values)
-    signal = n >= 2 and spread > TIE_EPS and spread / 10.0 >= min_reward_spread - 1e-12
+    min_spread = min_score_spread(min_reward_spread, w_process)
+    signal = n >= 2 and spread > TIE_EPS and spread >= min_spread - 1e-9
     return AgentHealth(
         n=n,
         spread=spread,
@@ -162,18 +181,24 @@ def agent_health(scores: Sequence[Score], min_reward_spread: float) -> AgentHeal
 
 
 def coach_health(
-    episodes: Sequence[Episode], agents: Sequence[str], min_reward_spread: float
+    episodes: Sequence[Episode],
+    agents: Sequence[str],
+    min_reward_spread: float,
+    w_process: float,
 ) -> dict[str, AgentHealth]:
     """``agent_health`` of every agent with a scored action in ``episodes`` (one step),
     in ``agents``' order. Per agent whatever ``rl.norm_scope`` pools: an agent whose own
-    scores all tie learns nothing from them even when pooling gives it an advantage."""
+    scores all tie learns nothing from them even when pooling gives it an advantage.
+    ``min_reward_spread`` and ``w_process``: the run's ``rl`` keys of those names."""
     scores: dict[str, list[Score]] = defaultdict(list)
     for ep in episodes:
         for a in ep.actions:
             if a.coach is not None:
                 scores[a.agent].append(a.coach)
     return {
-        name: agent_health(scores[name], min_reward_spread) for name in agents if name in scores
+        name: agent_health(scores[name], min_reward_spread, w_process)
+        for name in agents
+        if name in scores
     }
 
 
@@ -182,7 +207,7 @@ def health_metrics(health: Mapping[str, AgentHealth]) -> dict[str, float | int |
     ``mode_share``, ``digit_mass``, ``signal`` (1/0); over the agents ``signal_agents``
     (agents with signal), ``agents`` (agents scored) and ``digit_mass`` (their mean).
 
-    >>> m = health_metrics({"v": agent_health([Score(3.0), Score(8.0)], 0.05)})
+    >>> m = health_metrics({"v": agent_health([Score(3.0), Score(8.0)], 0.05, 1.0)})
     >>> m["coach_health/v/spread"], m["coach_health/v/signal"], m["coach_health/signal_agents"]
     (5.0, 1, 1)
     """
@@ -211,24 +236,26 @@ class NoSignalWatch:
     """Warns when an agent's coach scores have carried no usable signal for ``k``
     consecutive steps (``coach.warn_no_signal_steps``; 0 never warns).
 
-    ``observe`` takes a step's ``coach_health`` and returns the step's
+    ``min_reward_spread`` and ``w_process`` are the run's ``rl`` keys (the warning says
+    what spread of scores they ask for). ``observe`` takes a step's ``coach_health`` and
+    returns the step's
     ``coach_health/<agent>/no_signal_streak`` keys, logging a warning when a streak
     reaches ``k`` and again every ``k`` steps it goes on. An agent not scored this step
     keeps its streak. ``replay`` rebuilds the streaks from the ``metrics.jsonl`` lines of
     a resumed run, so a resume neither forgets nor repeats a warning.
 
-    >>> watch = NoSignalWatch(2)
-    >>> flat = {"verifier": agent_health([Score(7.0), Score(7.0)], 0.05)}
+    >>> watch = NoSignalWatch(2, 0.05, w_process=1.0)
+    >>> flat = {"verifier": agent_health([Score(7.0), Score(7.0)], 0.05, 1.0)}
     >>> watch.observe(flat)
     {'coach_health/verifier/no_signal_streak': 1}
     >>> watch.observe(flat)["coach_health/verifier/no_signal_streak"], watch.warnings[0][:40]
     (2, "coach: agent 'verifier' has had no usabl")
     """
 
-    def __init__(self, k: int, min_reward_spread: float = 0.0) -> None:
+    def __init__(self, k: int, min_reward_spread: float, *, w_process: float) -> None:
         if k < 0:
             raise ValueError(f"NoSignalWatch needs k >= 0, got {k}")
-        self.k, self.min_reward_spread = k, min_reward_spread
+        self.k, self.min_reward_spread, self.w_process = k, min_reward_spread, w_process
         self.streaks: dict[str, int] = {}
         self.recent: dict[str, deque[tuple[float | None, float | None]]] = {}
         self.warnings: list[str] = []  # every warning given, in order
@@ -260,8 +287,9 @@ class NoSignalWatch:
             f"coach: agent {name!r} has had no usable signal for {self.streaks[name]} "
             f"consecutive steps (coach.warn_no_signal_steps={self.k}): its score spread over "
             f"the last steps was [{spreads}] points (signal needs two unflagged scores >= "
-            f"{10 * self.min_reward_spread:.2g} points apart: rl.min_reward_spread="
-            f"{self.min_reward_spread:g} in reward units)"
+            f"{min_score_spread(self.min_reward_spread, self.w_process):.2g} points apart: "
+            f"rl.min_reward_spread={self.min_reward_spread:g} in reward units at "
+            f"rl.w_process={self.w_process:g})"
             f" and the most common score took [{modes}] of its actions, so its updates learn "
             "next to nothing from the coach. Check the coach with `mappa coach-check`; try a "
             "stronger coach, expected scores (coach.http.score_mode: expected, or the local "

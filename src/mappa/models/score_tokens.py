@@ -19,6 +19,21 @@ from dataclasses import dataclass
 from typing import Any
 
 SCORES = tuple(str(s) for s in range(11))
+ZERO = "0"
+"""The one spelling of "0" that after a "1" makes "10" (" 0" after "1" is "1 0")."""
+
+
+def score_value(text: str) -> int | None:
+    """The score 0..10 a token spells, or None. Only the exact digits of a score, after any
+    leading whitespace: "07" is not 7 (no score is written with a leading zero, and ``int``
+    would read it as one), nor are "7 " or "²". Every scorer, and the HTTP coach's reading
+    of ``top_logprobs``, counts the same spellings.
+
+    >>> [score_value(t) for t in ("7", " 10", "\\n3", "07", "007", "7 ", "²", "11")]
+    [7, 10, 3, None, None, None, None, None]
+    """
+    value = text.lstrip()
+    return int(value) if value in SCORES else None
 
 
 @dataclass(frozen=True)
@@ -55,10 +70,10 @@ def score_tokens_from(
     scores: list[list[int]] = [[] for _ in SCORES]
     zeros: list[int] = []
     for i, text in pieces:
-        value = text.strip()
-        if value in SCORES and text.rstrip() == text:
-            scores[int(value)].append(i)
-            if text == "0":
+        value = score_value(text)
+        if value is not None:
+            scores[value].append(i)
+            if text == ZERO:
                 zeros.append(i)
     if not zeros or not all(scores[:10]):
         raise ValueError("the tokenizer has no single-token digits; cannot read a score")

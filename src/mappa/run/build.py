@@ -86,16 +86,7 @@ def make_coach(
     c = cfg.coach
     if not c.is_model:  # a rule is cheaper to run than to look up
         return (backend or (lambda: coach_backend(cfg, policies, engine)))()
-    template = coach_template(cfg)
-    if c.backend == "http":
-        from mappa.coach.http import request_fingerprint
-
-        model_id = request_fingerprint(c.http)  # every request setting that changes a reply
-    else:
-        # "at-digit": read where the digit is written (scores read after the colon were noise)
-        reader = f"|llamacpp|reply={c.local.reply_tokens}" if c.local.engine == "llamacpp" else ""
-        model_id = f"{c.local.model_path or cfg.model.path}|expected|at-digit{reader}"
-    namespace = f"{template.digest}|{c.backend}|{model_id}"
+    namespace = coach_namespace(cfg)
     build = backend or (lambda: coach_backend(cfg, policies, engine))
     if c.cache.mode == "off":
         return build()
@@ -103,6 +94,36 @@ def make_coach(
     inner = None if replay else build()
     path = Path(c.cache.path) if c.cache.path else cache_root() / "coach_cache.sqlite"
     return CachedCoach(inner, ScoreCache(path), namespace, replay=replay)
+
+
+def coach_namespace(cfg: RunConfig) -> str:
+    """The score cache's namespace: every setting besides the action's context (which the
+    key hashes itself) that can change a model coach's score. The template's text; for
+    ``http`` every request setting that changes a reply and the reading rule
+    (``request_fingerprint``); for ``local`` the model, where the score is read
+    (``at-digit``: scores read after the colon were noise), the weights' precision (the
+    resolved ``model.dtype`` for transformers and vLLM, which both load the base with it;
+    a GGUF's own for llama.cpp, with what it writes first, ``reply_tokens``) and
+    ``min_digit_mass``, which decides whether a score is flagged. Batch sizes, threads and
+    the engine between ``hf`` and ``vllm`` (the same distribution to about 1e-5) are left
+    out, so tuning them keeps the cache."""
+    c = cfg.coach
+    if c.backend == "http":
+        from mappa.coach.http import request_fingerprint
+
+        model_id = request_fingerprint(c.http)
+    else:
+        local = c.local
+        if local.engine == "llamacpp":
+            weights = f"llamacpp|reply={local.reply_tokens}"
+        else:
+            from mappa.models.loading import resolve_device, resolve_dtype
+
+            dtype = resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device))
+            weights = f"dtype={str(dtype).removeprefix('torch.')}"
+        model = local.model_path or cfg.model.path
+        model_id = f"{model}|expected|at-digit|{weights}|min_mass={local.min_digit_mass}"
+    return f"{coach_template(cfg).digest}|{c.backend}|{model_id}"
 
 
 def coach_backend(

@@ -97,7 +97,9 @@ def train(
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
     coach_guard = FallbackGuard(cfg.coach.max_fallback_steps)  # stops a run the coach fails
     guard = NonFiniteGuard(names, cfg.train.max_nonfinite_steps)
-    signal_watch = NoSignalWatch(cfg.coach.warn_no_signal_steps, cfg.rl.min_reward_spread)
+    signal_watch = NoSignalWatch(
+        cfg.coach.warn_no_signal_steps, cfg.rl.min_reward_spread, w_process=cfg.rl.w_process
+    )
     state = TrainState(
         adapters, models.optimizers, kl_ctl, batches, guard, coach_guard, models.samplers
     )

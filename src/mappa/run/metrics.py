@@ -109,7 +109,7 @@ def rollout_metrics(
     prices = cfg.coach.price_per_mtok
     out.update(accounting(scores, prices.prompt, prices.completion))
     out.update(bias(episodes, names[-1]))
-    health = coach_health(episodes, names, cfg.rl.min_reward_spread)
+    health = coach_health(episodes, names, cfg.rl.min_reward_spread, cfg.rl.w_process)
     out.update(health_metrics(health))
     out.update(watch.observe(health))
     return out
