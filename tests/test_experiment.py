@@ -108,45 +108,14 @@ def test_results_table_over_seeds_and_verdicts() -> None:
     steps = outcome["optimizer_steps"]  # seed 0 never right: its verifier never stepped
     assert (steps["verifier"]["min"], steps["verifier"]["max"]) == (0, 11)
     assert steps["problem_solver"]["mean"] == 11
-    [comparison] = results["comparisons"]
-    assert comparison["diff"] == pytest.approx(0.5) and comparison["spread"] == 0.25
-    assert comparison["verdict"] == "process > outcome"
+    [comparison] = results["comparisons"]  # every pair: no primary named
+    assert comparison["role"] == "secondary" and comparison["test"] == "paired t"
+    assert comparison["diff"] == pytest.approx(0.5)  # seeds' gaps 0.75 and 0.25: t 2, 1 df
+    assert comparison["verdict"].startswith("undecided: 95 % CI -")
     page = results_markdown(results, "fake")
     assert "| process | 0.250 (n=1) | 0.375 (0.250-0.500, sd 0.177, n=2) |" in page
-    assert "| process | outcome | 0.500 | 0.250 | 0.117 | process > outcome |" in page
+    assert "| secondary | process | outcome | paired t | 0, 1 | 0.500 |" in page
     assert "| outcome | verifier | 5.5 (0.0-11.0, sd 7.8, n=2) |" in page
-    # The same gap on 4 held-out problems is within what the set's size alone can produce.
-    small = [RunRecord(r.arm, r.seed, [{**m, "eval/graded": 4} for m in r.metrics]) for r in runs]
-    [comparison] = summarize(small, FAKE_BASE)["comparisons"]
-    assert comparison["two_se"] == pytest.approx(2 * ((0.625 * 0.375 + 0.125 * 0.875) / 4) ** 0.5)
-    assert comparison["verdict"] == "no difference within the held-out set's sampling error"
-
-
-def test_paired_comparison_on_the_same_problems() -> None:
-    """A gap the unpaired rule calls noise on 40 problems is a difference once the problems
-    are paired: both arms miss the same hard ones; the runs' answers decide, not the lines."""
-    hard, easy = [f"h{i}" for i in range(28)], [f"e{i}" for i in range(12)]
-
-    def run(arm: str, seed: int, right: list[str]) -> RunRecord:
-        answers = {t: float(t in right) for t in hard + easy}
-        return RunRecord(
-            arm, seed, fake_metrics([0.5], {0: mean(answers.values())}, graded=40), answers=answers
-        )
-
-    runs = [run("a", 0, easy + hard[:4]), run("a", 1, easy + hard[:5])]
-    runs += [run("b", 0, easy), run("b", 1, easy)]
-    results = summarize(runs, None)
-    [unpaired], [pair] = results["comparisons"], results["paired"]
-    assert unpaired["verdict"] == "no difference within the held-out set's sampling error"
-    assert pair["diff"] == pytest.approx(4.5 / 40) and pair["problems"] == 40
-    assert pair["se_seeds"] == pytest.approx((1 / 40) / 2)  # a's seeds: 16/40 and 17/40
-    assert pair["verdict"] == "a > b" and pair["diff"] > pair["two_se"]
-    assert "| a | b | 0.113 | 40 |" in results_markdown(results, "fake")
-    # the same runs graded on different problems cannot be paired
-    runs[3] = RunRecord("b", 1, runs[3].metrics, answers={"x": 1.0})
-    assert summarize(runs, None)["paired"][0]["verdict"].startswith("undecided: the runs were")
-    runs[3] = RunRecord("b", 1, runs[3].metrics)
-    assert summarize(runs, None)["paired"][0]["verdict"].startswith("undecided: a run has no")
 
 
 def test_results_degenerate_one_seed_and_an_arm_without_eval() -> None:
@@ -162,6 +131,7 @@ def test_results_degenerate_one_seed_and_an_arm_without_eval() -> None:
     assert silent["heldout"] == [] and silent["final"]["n"] == 0 and silent["behaviour"] == {}
     assert silent["runs"]["silent-s0"]["final"] is None and silent["wall_s"]["mean"] is None
     assert results["comparisons"][0]["verdict"] == "undecided: no final held-out accuracy"
+    assert results["comparisons"][0]["left_out"] == ["silent-s0 (no final evaluation)"]
     one = summarize([runs[0], RunRecord("other", 0, fake_metrics([0.0], {0: 0.0}))], None)
     assert one["comparisons"][0]["verdict"] == "undecided: fewer than 2 seeds"
     assert one["comparisons"][0]["diff"] == 0.5
@@ -201,6 +171,15 @@ def test_plan_resolves_every_arm_and_seed_on_the_same_tasks(tmp_path: Path) -> N
     assert runs[0].config.coach.http.base_url == "http://127.0.0.1:9/v1"
 
 
+def test_the_analysis_names_the_comparisons_before_any_run(tmp_path: Path) -> None:
+    """Named in the file: read as pairs; absent: no primary, every pair secondary."""
+    spec = load_experiment(_experiment(tmp_path, GOOD))
+    assert spec.analysis.primary is None and spec.analysis.secondary is None
+    named = GOOD + "    analysis:\n      primary: [process, grpo]\n      secondary: []\n"
+    spec = load_experiment(_experiment(tmp_path, named))
+    assert spec.analysis.primary == ("process", "grpo") and spec.analysis.secondary == []
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -219,6 +198,17 @@ def test_plan_resolves_every_arm_and_seed_on_the_same_tasks(tmp_path: Path) -> N
         ({"arms": {"a": [], "b": ["eval.every=0"]}}, r"arms \['b'\]: held-out eval is off"),
         ({"arms": {"a": [], "b": ["tasks.difficulty=2"]}}, "held-out evaluation"),
         ({"coach_server": {"server": "llamacpp"}}, "coach_server.model: Field required"),
+        (
+            {"analysis": {"primary": ["process", "outcome"]}},
+            r"analysis: .*'outcome' is not an arm \(arms: grpo, outcome_only, process\)",
+        ),
+        ({"analysis": {"primary": ["grpo", "grpo"]}}, "compares an arm with itself"),
+        (
+            {"analysis": {"primary": ["grpo", "process"], "secondary": [["process", "grpo"]]}},
+            r"\[process, grpo\] is named twice",
+        ),
+        ({"analysis": {"secondary": [["process"]]}}, "analysis.secondary.0"),
+        ({"analysis": {"primary": ["process", "grpo"], "colour": 1}}, "analysis.colour: unknown"),
     ],
 )
 def test_bad_experiments_are_refused_naming_the_problem(
@@ -506,6 +496,8 @@ def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
           outcome_only: [rl.advantage=outcome_only]
           grpo: [rl.advantage=grpo, rl.w_process=0, rl.w_outcome=1]
           process_oracle: [coach.backend=rules, coach.reference_for=all]
+        analysis:
+          primary: [process, outcome_only]
         """,
     )
     out = tmp_path / "out"
@@ -551,9 +543,14 @@ def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
         assert [p["step"] for p in curve] == [0, 2]
         assert curve[0]["mean"] == base_eval["accuracy"]
     assert bool(results["arms"]["process"]["coach"]) and not results["arms"]["grpo"]["coach"]
-    assert len(results["comparisons"]) == 6
-    assert [p["problems"] for p in results["paired"]] == [2] * 6  # every run, the same 2
-    assert "## Comparison of final held-out accuracy" in (out / "results.md").read_text()
+    assert len(results["comparisons"]) == 6  # the primary, then every other pair
+    assert [c["role"] for c in results["comparisons"]] == ["primary"] + ["secondary"] * 5
+    assert (results["comparisons"][0]["a"], results["comparisons"][0]["b"]) == (
+        "process",
+        "outcome_only",
+    )
+    assert all(c["bootstrap_ci"] or c["ci"] is None for c in results["comparisons"])
+    assert "## Verdicts on final held-out accuracy" in (out / "results.md").read_text()
     assert (out / "heldout_accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "report" / "index.html").is_file()
 
@@ -577,7 +574,7 @@ def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
     assert {a: again["arms"][a]["final"] for a in arms} == {
         a: results["arms"][a]["final"] for a in arms
     }
-    assert again["paired"] == results["paired"]  # the per-problem answers travel too
+    assert again["comparisons"] == results["comparisons"]  # the per-problem answers travel too
 
 
 def test_progress_shows_every_step_even_when_several_end_between_two_looks(

@@ -113,39 +113,69 @@ def results_markdown(results: dict[str, Any], title: str) -> str:
             ]
             rows.append([key, base, *values])
         lines += table(["metric", "base", *arms], rows)
-    lines += [
-        "## Comparison of final held-out accuracy",
-        "",
-        f"Rule: {results['verdict_rule']}.",
-        "",
-    ]
+    lines += verdict_lines(results)
+    return "\n".join(lines)
+
+
+def interval(ci: Sequence[float] | None) -> str:
+    """``low to high``, signed; ``-`` for none.
+
+    >>> interval([-0.0312, 0.15]), interval(None)
+    ('-0.031 to +0.150', '-')
+    """
+    return "-" if ci is None else f"{ci[0]:+.3f} to {ci[1]:+.3f}"
+
+
+def _seeds(c: dict[str, Any]) -> str:
+    if c["test"] == "Welch t":
+        return f"{c['a']}: {', '.join(map(str, c['seeds_a']))}; {c['b']}: " + ", ".join(
+            map(str, c["seeds_b"])
+        )
+    return ", ".join(map(str, c["seeds_a"])) or "-"
+
+
+def verdict_lines(results: dict[str, Any]) -> list[str]:
+    """The comparisons of final held-out accuracy: which were named, the rule, the table."""
+    plan = results["analysis"]
+    named = "none" if plan["primary"] is None else " - ".join(plan["primary"])
+    second = plan["secondary"]
+    if not isinstance(second, str):
+        second = "; ".join(" - ".join(p) for p in second) or "none"
+    lines = ["## Verdicts on final held-out accuracy", ""]
+    lines += [f"Primary comparison: {named}. Secondary (Holm-corrected): {second}.", ""]
+    lines += [f"Rule: {results['verdict_rule']}.", ""]
     lines += table(
-        ["A", "B", "A - B", "seeds' range", "2 SE (held-out size)", "verdict"],
         [
-            [c["a"], c["b"], fmt(c["diff"]), fmt(c["spread"]), fmt(c["two_se"]), c["verdict"]]
+            "",
+            "A",
+            "B",
+            "test",
+            "seeds",
+            "A - B",
+            "95 % CI",
+            "p",
+            "Holm p",
+            "bootstrap 95 % CI",
+            "verdict",
+        ],
+        [
+            [
+                c["role"],
+                c["a"],
+                c["b"],
+                c["test"] or "-",
+                _seeds(c),
+                fmt(c["diff"]),
+                interval(c["ci"]),
+                fmt(c["p"]),
+                fmt(c["p_holm"]) if c["role"] == "secondary" else "",
+                interval(c["bootstrap_ci"]),
+                c["verdict"],
+            ]
             for c in results["comparisons"]
         ],
     )
-    lines += [
-        "## Paired comparison on the same held-out problems",
-        "",
-        f"Rule: {results['paired_rule']}.",
-        "",
-    ]
-    lines += table(
-        ["A", "B", "A - B", "problems", "SE problems", "SE seeds", "2 SE", "verdict"],
-        [
-            [
-                c["a"],
-                c["b"],
-                fmt(c["diff"]),
-                str(c["problems"]),
-                fmt(c["se_problems"]),
-                fmt(c["se_seeds"]),
-                fmt(c["two_se"]),
-                c["verdict"],
-            ]
-            for c in results["paired"]
-        ],
-    )
-    return "\n".join(lines)
+    left_out = [r for c in results["comparisons"] for r in c["left_out"]]
+    if left_out:
+        lines += [f"Runs left out: {', '.join(dict.fromkeys(left_out))}.", ""]
+    return lines

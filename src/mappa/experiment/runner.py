@@ -301,7 +301,8 @@ class Experiment:
 
         base_file = self.records.base_eval()
         base = json.loads(base_file.read_text()) if base_file.is_file() else None
-        results = summarize(self.run_records(), base)
+        plan = self.spec.analysis
+        results = summarize(self.run_records(), base, plan.primary, plan.secondary)
         title = f"Experiment {self.file.stem}"
         (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         page = self.out / "results.md"

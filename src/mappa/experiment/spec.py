@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from mappa.config import ConfigError, RunConfig, load_config
 from mappa.config.schema import Strict
@@ -60,6 +60,24 @@ class CoachServerSpec(Strict):
         )
 
 
+class AnalysisSpec(Strict):
+    """The comparisons of final held-out accuracy, named before any run
+    (``mappa.experiment.verdicts``): the primary is tested alone, the secondary ones are
+    Holm-corrected together."""
+
+    primary: tuple[str, str] | None = Field(
+        None, description="[A, B]: the comparison the experiment is for; null: none."
+    )
+    secondary: list[tuple[str, str]] | None = Field(
+        None,
+        description="[[A, B], ...]: the other comparisons; null: every pair of arms but the "
+        "primary.",
+    )
+
+    def pairs(self) -> list[tuple[str, str]]:
+        return ([self.primary] if self.primary else []) + list(self.secondary or [])
+
+
 class ExperimentConfig(Strict):
     """The experiment file: a base run config, overrides common to all arms, seeds, arms."""
 
@@ -77,6 +95,11 @@ class ExperimentConfig(Strict):
     )
     coach_server: CoachServerSpec | None = Field(
         None, description="Start this coach server for the arms that ask a coach."
+    )
+    analysis: AnalysisSpec = Field(
+        default_factory=AnalysisSpec,
+        description="The primary and secondary comparisons; absent: no primary, every pair "
+        "secondary.",
     )
 
     @field_validator("overrides")
@@ -100,6 +123,24 @@ class ExperimentConfig(Strict):
                 raise ValueError(f"arm {name!r}: names are lower case, digits, _ . -")
             _refuse_owned(overrides, f"arm {name!r}")
         return arms
+
+    @field_validator("analysis")
+    @classmethod
+    def _compared_arms(cls, analysis: AnalysisSpec, info: ValidationInfo) -> AnalysisSpec:
+        arms = list(info.data.get("arms") or {})
+        if not arms:  # the arms failed their own validation, which says so
+            return analysis
+        seen: list[set[str]] = []
+        for a, b in analysis.pairs():
+            for name in (a, b):
+                if name not in arms:
+                    raise ValueError(f"{name!r} is not an arm (arms: {', '.join(arms)})")
+            if a == b:
+                raise ValueError(f"[{a}, {b}] compares an arm with itself")
+            if {a, b} in seen:
+                raise ValueError(f"[{a}, {b}] is named twice")
+            seen.append({a, b})
+        return analysis
 
 
 def _refuse_owned(overrides: list[str], where: str) -> None:
