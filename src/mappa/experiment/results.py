@@ -108,15 +108,25 @@ def _bookkeeping(name: str) -> bool:
 
 
 def optimizer_steps(run: RunRecord) -> dict[str, int]:
-    """Optimizer steps each agent took in the run: its steps whose update was not skipped
-    (``rl/<agent>/skipped`` empty; no actions, no reward signal or a non-finite loss skip it).
-    Arms with the same rollout budget can differ here, and so does what they learned.
+    """Optimizer steps each agent took in the run: per training step its ``rl/<agent>/steps``
+    (one per mini-batch, ``rl.mini_batch_size``); in records made before that was logged,
+    one per step whose update was not skipped (``rl/<agent>/skipped`` empty; no actions, no
+    reward signal or a non-finite loss skip it). Arms with the same rollout budget can differ
+    here, and so does what they learned.
 
     >>> optimizer_steps(RunRecord("a", 0, [{"rl/v/skipped": ""}, {"rl/v/skipped": "no actions"},
     ...     {"rl/v/skipped": ""}, {}], agents=["v"]))
     {'v': 2}
+    >>> optimizer_steps(RunRecord("a", 0, [{"rl/v/skipped": "", "rl/v/steps": 3},
+    ...     {"rl/v/skipped": "no actions", "rl/v/steps": 0}], agents=["v"]))
+    {'v': 3}
     """
-    return {a: sum(m.get(f"rl/{a}/skipped") == "" for m in run.metrics) for a in run.agents}
+
+    def taken(m: Metrics, agent: str) -> int:
+        steps = m.get(f"rl/{agent}/steps")
+        return int(steps) if steps is not None else int(m.get(f"rl/{agent}/skipped") == "")
+
+    return {a: sum(taken(m, a) for m in run.metrics) for a in run.agents}
 
 
 def arm_summary(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, Any]:
