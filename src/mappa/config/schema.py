@@ -574,6 +574,16 @@ class RLConfig(Strict):
         True, description="Leave completions cut at max_new_tokens out of the loss."
     )
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward pass.")
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Most token positions in one forward/backward pass (rows x its longest "
+        "row, padding included), beside `micro_batch_size`: rows are packed longest first "
+        "until the next would pass the budget, and a row longer than it goes alone. It bounds "
+        "the update's activation memory whatever the lengths (the old and reference passes "
+        "use the same micro-batches). Mini-batches are cut first, micro-batches within them. "
+        "null: `micro_batch_size` rows, whatever their length.",
+    )
     whiten_eps: float = Field(
         1e-4,
         gt=0.0,
