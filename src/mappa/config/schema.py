@@ -65,6 +65,21 @@ class ModelConfig(Strict):
         "to about one layer's, for about one more forward pass of time. For long sequences "
         "or bigger models; sampling and the no-grad passes are unaffected.",
     )
+    gpu_memory_gib: float | None = Field(
+        None,
+        gt=0.0,
+        description="Memory of the GPU the run is meant for, GiB (e.g. 79 for an 80 GB "
+        "H100). The pre-flight memory estimate (`mappa train --dry-run` prints it) refuses "
+        "a run whose estimated peak does not fit it, naming what to change. null: the "
+        "CUDA device's own memory when one is present, else no check.",
+    )
+    chat_template_kwargs: dict[str, bool | int | float | str] = Field(
+        default_factory=dict,
+        description="Extra variables for the tokenizer's chat template when an agent's "
+        "prompt is rendered, e.g. `{enable_thinking: false}`: Qwen3 then opens no thinking "
+        "block (its template writes an empty one), so actions are not spent thinking and "
+        "cut off at `rollout.max_new_tokens`.",
+    )
 
 
 class VllmConfig(Strict):
