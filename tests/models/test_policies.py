@@ -167,6 +167,53 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(
     assert samp_ckpt == samp_plain  # sampling is as before
 
 
+def test_checkpointing_changes_no_sampled_token_nor_no_grad_logprob(
+    tiny_model_dir: Path,
+) -> None:
+    """Seeded samples (tokens and their log-probs) and no-grad log-probs are the same with
+    and without checkpointing, and no layer is in training mode in a forward without grad:
+    transformers versions that drop the KV cache of a layer in training mode (5.19, the vLLM
+    venv's) would otherwise sample each token without its context. In a forward that builds
+    a graph every layer is, so that one is checkpointed."""
+    results = []
+    for checkpointing in (False, True):
+        base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
+        prompts, completions = prompts_and_completions(len(tok))
+        torch.manual_seed(0)
+        pol = randomize_lora_b(
+            AgentPolicies(base, tok, ["solver"], LoraConfig(), gradient_checkpointing=checkpointing)
+        )
+        layers = list(pol.model.get_base_model().model.layers)
+        seen: list[tuple[bool, bool]] = []  # (grad enabled, layer in training mode)
+        handles = [
+            layer.register_forward_pre_hook(
+                lambda m, *_, seen=seen: seen.append((torch.is_grad_enabled(), m.training))
+            )
+            for layer in layers
+        ]
+        try:
+            torch.manual_seed(1)
+            samples = HfEngine(pol).generate("solver", prompts, 8, temperature=1.0)
+            with torch.no_grad():
+                no_grad = pol.completion_logprobs("solver", prompts, completions).logprobs
+            graph = pol.completion_logprobs("solver", prompts, completions).logprobs
+        finally:
+            for handle in handles:
+                handle.remove()
+        assert not any(training for grad, training in seen if not grad)
+        assert all(training == checkpointing for grad, training in seen if grad)
+        assert not any(layer.training for layer in layers)  # back to eval after the pass
+        results.append(
+            ([s.completion_ids for s in samples], [s.logprobs for s in samples], no_grad, graph)
+        )
+    (tokens, sampled, no_grad, graph), (tokens_c, sampled_c, no_grad_c, graph_c) = results
+    assert tokens_c == tokens and sum(map(len, tokens)) > len(tokens)  # more than one step
+    for a, b in zip(sampled_c, sampled, strict=True):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b))
+    torch.testing.assert_close(no_grad_c, no_grad)
+    torch.testing.assert_close(graph_c.detach(), graph.detach())
+
+
 def test_each_adapter_starts_from_its_own_seed_and_leaves_the_global_rng_alone(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
