@@ -95,6 +95,8 @@ def _bad_values(annotation: Any, limits: dict[str, Any]) -> list[Any]:
         return out
     if typing.get_origin(annotation) is list:  # list[str]
         return [5, "text", {"a": 1}, [1, [2]]]
+    if typing.get_origin(annotation) is dict:  # dict[str, scalar]
+        return [5, "text", [1, 2], {"a": [1]}, {"a": {"b": 1}}]
     if typing.get_origin(annotation) is tuple:  # tuple[float, float]
         return ["abc", [0.9], [0.9, 0.95, 0.99], ["a", "b"]]
     raise AssertionError(f"no bad values for {annotation}")
@@ -126,6 +128,7 @@ def _assert_names_key(err: ConfigError, key: str) -> None:
 
 LEAF_KEYS = {k for k, a, _ in LEAVES if not (isinstance(a, type) and issubclass(a, BaseModel))}
 LEAF_KEYS -= {"agents", "agents.1.produces", "model.lora.target_modules", "rl.adam_betas"}
+LEAF_KEYS -= {"model.chat_template_kwargs"}  # the template's own variables: any name goes
 
 
 def _load_bad(key: str, value: Any, via_override: bool) -> tuple[Path, pytest.ExceptionInfo]:
@@ -320,3 +323,78 @@ def test_the_cli_reports_check_problems_with_exit_2_before_any_run_dir(tmp_path:
     assert f"tasks.source: {tasks}: duplicate task ids '1' (line 1, line 2)" in proc.stderr
     assert "Traceback" not in proc.stderr and "TORCH False" in proc.stdout
     assert not run_dir.exists()
+
+
+# --- the paper's configs as a user takes them to a GPU node ------------------------------
+
+SHIPPED = Path(preflight.__file__).resolve().parents[1] / "configs"
+
+
+def _paper_runs() -> list[tuple[str, RunConfig]]:
+    """Every shipped paper config, and every arm x seed of every shipped paper experiment."""
+    from mappa.experiment.spec import load_experiment, plan_runs
+
+    runs = [(p.name, load_config(p)) for p in sorted(SHIPPED.glob("*_paper.yaml"))]
+    for path in sorted((SHIPPED / "experiments").glob("*_paper.yaml")):
+        for run in plan_runs(load_experiment(path), path, Path("/tmp/unused")):
+            runs.append((f"{path.name}:{run.name}", run.config))
+    return runs
+
+
+def test_every_paper_run_checkpoints_and_fits_the_card_it_names() -> None:
+    """Each paper run checkpoints, bounds its micro-batches by tokens, turns Qwen3's
+    thinking off, names an 80 GB card and fits it by the pre-flight estimate; an
+    in-process vLLM leaves the trainer its optimizer state (utilization well under 0.85)."""
+    runs = _paper_runs()
+    names = [name for name, _ in runs]
+    assert "mathchat_paper.yaml" in names and len(names) >= 1 + 9
+    for name, cfg in runs:
+        assert cfg.model.gradient_checkpointing, name
+        assert cfg.rl.micro_batch_tokens is not None, name
+        assert cfg.model.chat_template_kwargs.get("enable_thinking") is False, name
+        assert cfg.model.gpu_memory_gib is not None and cfg.model.gpu_memory_gib <= 80, name
+        fp = preflight.footprint(cfg)
+        assert fp is not None and fp.card_gib == cfg.model.gpu_memory_gib, name
+        assert fp.problem() is None, (name, fp.table())
+        if cfg.rollout.engine == "vllm":
+            assert cfg.rollout.vllm.gpu_memory_utilization <= 0.75, name
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("model.gradient_checkpointing=false", "model.gradient_checkpointing"),
+        ("rollout.batch_size=64", "rollout.batch_size to at most"),
+        ("rl.micro_batch_tokens=400000", "rl.micro_batch_tokens to at most"),
+        ("rollout.vllm.gpu_memory_utilization=0.85", "gpu_memory_utilization to at most"),
+        ("rollout.vllm.gpu_memory_utilization=0.1", "raise it to at least"),
+    ],
+)
+def test_an_oversized_paper_run_is_refused_naming_what_to_change(override: str, names: str) -> None:
+    engine = ["rollout.engine=vllm"] if "vllm" in override else []
+    cfg = load_config(SHIPPED / "mathchat_paper.yaml", [*engine, override])
+    problem = preflight._memory_problem(cfg)
+    assert problem is not None and "\n" not in problem and names in problem, problem
+    with pytest.raises(ConfigError, match=names.split(" ")[0].replace(".", r"\.")):
+        preflight.check(cfg.model_copy(update={"model": cfg.model.model_copy(
+            update={"device": "auto"})}))  # fmt: skip
+
+
+def test_train_dry_run_prints_the_estimate_and_refuses_what_cannot_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from mappa.cli import main
+
+    here = [  # the paper config checked on this machine: no GPU, data or coach needed
+        "train", "--config", str(SHIPPED / "mathchat_paper.yaml"), "--dry-run",
+        "model.device=cpu", "tasks.source=arithmetic", "eval.source=null",
+        "rl.advantage=outcome_only",
+    ]  # fmt: skip
+    assert main(here) == 0
+    out = capsys.readouterr().out
+    assert "memory estimate" in out and "(card 79 GiB): fits" in out
+    assert main([*here, "rollout.batch_size=64"]) == 2
+    captured = capsys.readouterr()
+    assert "hf engine KV cache" in captured.out
+    assert captured.err.startswith("mappa: model.gpu_memory_gib=79: the sampling needs")
+    assert "lower rollout.batch_size to at most" in captured.err
