@@ -642,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
             estimate = preflight.footprint(cfg)
             print(estimate.table() if estimate else "memory estimate: " + NO_ESTIMATE)
         preflight.check(cfg)
+        if args.command == "train":
+            preflight.check_coach_reachable(cfg)
         if resume is not None:
             from mappa.run.checkpoint import check_resumable
 

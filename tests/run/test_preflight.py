@@ -398,3 +398,45 @@ def test_train_dry_run_prints_the_estimate_and_refuses_what_cannot_fit(
     assert "hf engine KV cache" in captured.out
     assert captured.err.startswith("mappa: model.gpu_memory_gib=79: the sampling needs")
     assert "lower rollout.batch_size to at most" in captured.err
+
+
+def test_a_dead_coach_port_is_refused_before_the_first_rollout(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real closed loopback port: ``mappa train`` stops in one line naming the URL and
+    the fix before any model loads or run directory exists; a listening port passes."""
+    from conftest import tiny_run_config
+
+    from mappa.cli import main
+    from mappa.run.loop import train
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    url = f"http://127.0.0.1:{port}/v1"
+    run_dir = tmp_path / "run"
+    http = ["coach.backend=http", f"coach.http.base_url={url}", "coach.cache.mode=off"]
+    cfg = tiny_run_config(tiny_model_dir, run_dir, *http)
+    problem = preflight.coach_unreachable(cfg)
+    assert problem is not None and "\n" not in problem
+    assert f"nothing listens at {url} (connection refused)" in problem
+    assert "start the coach server" in problem and "coach.http.base_url" in problem
+    with pytest.raises(ConfigError, match="connection refused"):
+        train(cfg)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    assert main(["train", "--config", str(config)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"mappa: coach.http.base_url: nothing listens at {url}"
+    )
+    assert not run_dir.exists()
+    outcome = tiny_run_config(tiny_model_dir, run_dir, *http, "rl.advantage=outcome_only")
+    assert preflight.coach_unreachable(outcome) is None  # asks no coach: not probed
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        live = f"coach.http.base_url=http://127.0.0.1:{s.getsockname()[1]}/v1"
+        assert (
+            preflight.coach_unreachable(tiny_run_config(tiny_model_dir, run_dir, *http, live))
+            is None
+        )

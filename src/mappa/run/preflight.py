@@ -307,6 +307,51 @@ def check(cfg: RunConfig) -> None:
         )
 
 
+COACH_PROBE_S = 5.0
+"""How long the coach's server has to accept a connection before the first rollout."""
+
+
+def coach_unreachable(cfg: RunConfig, timeout_s: float = COACH_PROBE_S) -> str | None:
+    """Why the HTTP coach's server cannot be reached, or None: a TCP connection to
+    ``coach.http.base_url``'s host and port, made before the first rollout, so a server
+    that is not up costs seconds instead of steps of GPU time spent on flagged scores.
+    Only where the run asks the coach (not ``replay``, not a reward without coach
+    scores); the URL's form is ``check``'s."""
+    import socket
+    from urllib.parse import urlsplit
+
+    c = cfg.coach
+    if c.backend != "http" or not cfg.rl.needs_coach or c.cache.mode == "replay":
+        return None
+    url = c.http.base_url
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return None  # malformed: check() names it
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    fix = (
+        "start the coach server there (e.g. `vllm serve <model> --served-model-name coach "
+        f"--port {port}`, or `mappa coach-serve`) or set coach.http.base_url to where it runs"
+    )
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return None
+    except ConnectionRefusedError:
+        return f"coach.http.base_url: nothing listens at {url} (connection refused); {fix}"
+    except socket.gaierror as err:
+        return f"coach.http.base_url: {url}: host {parts.hostname!r} is unknown ({err}); {fix}"
+    except OSError as err:
+        return f"coach.http.base_url: {url} accepts no connection ({err or 'timed out'}); {fix}"
+
+
+def check_coach_reachable(cfg: RunConfig) -> None:
+    """Raise ``ConfigError`` when ``coach_unreachable`` finds a problem."""
+    from mappa.config import ConfigError
+
+    problem = coach_unreachable(cfg)
+    if problem:
+        raise ConfigError(problem)
+
+
 def coach_template(cfg: RunConfig) -> CoachTemplate:
     """The run's coach template, with the pipeline described from the run's agents."""
     return load_template(cfg.coach.template).for_pipeline(cfg.agents)
