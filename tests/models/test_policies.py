@@ -307,3 +307,36 @@ def test_agents_named_like_a_module_of_the_model_or_peft_are_refused(
             AgentPolicies(base, tok, ["solver", agent], LoraConfig())
     pol = AgentPolicies(base, tok, ["q_proj_agent", "solver"], LoraConfig())
     assert len(pol.adapter_parameters("q_proj_agent")) == len(pol.adapter_parameters("solver"))
+
+
+def test_saving_adapters_asks_the_hub_nothing(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the base named by a Hub id and the network cut (every name lookup and
+    connection refused at the socket), a save makes no connection attempt and takes no Hub
+    timeout, and the adapter still names its base as the user does."""
+    import json
+    import socket
+    import time
+    import warnings
+
+    base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
+    pol = AgentPolicies(base, tok, ["solver", "checker"], LoraConfig(), base_name="Qwen/Qwen3-4B")
+    attempts: list[object] = []
+
+    def refuse(*args: object) -> None:
+        attempts.append(args[-1])
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # offline mode would hide a lookup
+    start = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PEFT warns when its Hub lookup fails
+        saved = pol.save(tmp_path / "adapters")
+    assert attempts == [] and time.monotonic() - start < 10
+    for agent, path in saved.items():
+        config = json.loads((path / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == "Qwen/Qwen3-4B", agent
+        assert (path / "adapter_model.safetensors").is_file()

@@ -9,7 +9,6 @@ samples from these very modules; the vLLM engine from a copy it is synced with.
 from __future__ import annotations
 
 import hashlib
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -303,12 +302,13 @@ class AgentPolicies:
         for agent in self.agents:
             if self.base_name is not None:
                 self.model.peft_config[agent].base_model_name_or_path = self.base_name
-            with warnings.catch_warnings():
-                # PEFT looks for the base's config under that name to see whether the
-                # vocabulary was resized; a `pypi:` spec has none there, and mappa never
-                # resizes the vocabulary, so its "could not find a config" warning is noise.
-                warnings.filterwarnings("ignore", "Could not find a config file", UserWarning)
-                self.model.save_pretrained(str(directory), selected_adapters=[agent])
+            # PEFT's default ("auto") looks the base up on the Hugging Face Hub at every save
+            # to see whether the vocabulary was resized, which stalls a node without the Hub;
+            # mappa never resizes it, so the embeddings are never saved (LoRA tensors on an
+            # embedding layer are the adapter's and are saved all the same).
+            self.model.save_pretrained(
+                str(directory), selected_adapters=[agent], save_embedding_layers=False
+            )
         return {agent: directory / agent for agent in self.agents}
 
     def load(self, directory: Path) -> None:
