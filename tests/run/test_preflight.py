@@ -360,6 +360,16 @@ def test_every_paper_run_checkpoints_and_fits_the_card_it_names() -> None:
             assert cfg.rollout.vllm.gpu_memory_utilization <= 0.75, name
 
 
+def test_the_h200_recipe_of_docs_scaling_fits_141_gb_and_not_80() -> None:
+    h200 = ["rollout.vllm.gpu_memory_utilization=0.85", "rl.micro_batch_tokens=131072"]
+    for engine in ("rollout.engine=vllm", "rollout.batch_size=16"):
+        cfg = load_config(SHIPPED / "mathchat_paper.yaml", [*h200, engine])
+        fits = preflight.footprint(cfg.model_copy(update={"model": cfg.model.model_copy(
+            update={"gpu_memory_gib": 139.0})}))  # fmt: skip
+        assert fits is not None and fits.problem() is None, fits.table()
+    assert preflight._memory_problem(cfg) is not None  # the same on the shipped 79 GiB card
+
+
 @pytest.mark.parametrize(
     ("override", "names"),
     [
