@@ -157,6 +157,7 @@ class Footprint:
     """What an in-process vLLM's share must hold at least: its own weights and the KV
     cache of one longest sequence (None: the hf engine samples)."""
     vllm_share: float = 0.0
+    """``rollout.vllm.gpu_memory_utilization``: the share of the card vLLM takes."""
 
     @staticmethod
     def total(terms: list[Term]) -> float:
