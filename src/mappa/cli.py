@@ -174,6 +174,12 @@ def _parser() -> argparse.ArgumentParser:
         "config is the run's config.yaml, and overrides may change only "
         + ", ".join(sorted(RESUMABLE_KEYS)),
     )
+    sub.choices["train"].add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the config and print the GPU memory estimate (its two peaks against "
+        "model.gpu_memory_gib or the CUDA device), then stop: nothing loads or runs",
+    )
     ev = sub.choices["eval"]
     ev.add_argument(
         "--adapters",
@@ -607,6 +613,12 @@ def _experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+NO_ESTIMATE = (
+    "none (a CPU run, a Ray cluster, or a model whose config.json is not here without a "
+    "download; set model.gpu_memory_gib and a local model.path for one)"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "coach-serve":  # needs no run config
@@ -621,11 +633,17 @@ def main(argv: list[str] | None = None) -> int:
     resume = getattr(args, "resume", None)
     resumed = resume / "config.yaml" if resume is not None else None
     config_path = args.config or resumed or _run_config(adapters) or default_config()
+    dry_run = getattr(args, "dry_run", False)
     try:
         cfg = load_config(config_path, args.overrides)
         from mappa.run import preflight  # checks that need more than the schema, model-free
 
+        if dry_run:  # the table first: a run refused for memory shows what it would need
+            estimate = preflight.footprint(cfg)
+            print(estimate.table() if estimate else "memory estimate: " + NO_ESTIMATE)
         preflight.check(cfg)
+        if args.command == "train":
+            preflight.check_coach_reachable(cfg)
         if resume is not None:
             from mappa.run.checkpoint import check_resumable
 
@@ -633,6 +651,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError, FileNotFoundError) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
+    if dry_run:
+        print("mappa: the config passed every check (--dry-run: nothing was run)")
+        return 0
     _setup_logging()
     from mappa.coach import CoachFatalError
     from mappa.rl.update import NonFiniteError

@@ -167,6 +167,53 @@ def test_gradient_checkpointing_recomputes_layers_and_changes_no_number(
     assert samp_ckpt == samp_plain  # sampling is as before
 
 
+def test_checkpointing_changes_no_sampled_token_nor_no_grad_logprob(
+    tiny_model_dir: Path,
+) -> None:
+    """Seeded samples (tokens and their log-probs) and no-grad log-probs are the same with
+    and without checkpointing, and no layer is in training mode in a forward without grad:
+    transformers versions that drop the KV cache of a layer in training mode (5.19, the vLLM
+    venv's) would otherwise sample each token without its context. In a forward that builds
+    a graph every layer is, so that one is checkpointed."""
+    results = []
+    for checkpointing in (False, True):
+        base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
+        prompts, completions = prompts_and_completions(len(tok))
+        torch.manual_seed(0)
+        pol = randomize_lora_b(
+            AgentPolicies(base, tok, ["solver"], LoraConfig(), gradient_checkpointing=checkpointing)
+        )
+        layers = list(pol.model.get_base_model().model.layers)
+        seen: list[tuple[bool, bool]] = []  # (grad enabled, layer in training mode)
+        handles = [
+            layer.register_forward_pre_hook(
+                lambda m, *_, seen=seen: seen.append((torch.is_grad_enabled(), m.training))
+            )
+            for layer in layers
+        ]
+        try:
+            torch.manual_seed(1)
+            samples = HfEngine(pol).generate("solver", prompts, 8, temperature=1.0)
+            with torch.no_grad():
+                no_grad = pol.completion_logprobs("solver", prompts, completions).logprobs
+            graph = pol.completion_logprobs("solver", prompts, completions).logprobs
+        finally:
+            for handle in handles:
+                handle.remove()
+        assert not any(training for grad, training in seen if not grad)
+        assert all(training == checkpointing for grad, training in seen if grad)
+        assert not any(layer.training for layer in layers)  # back to eval after the pass
+        results.append(
+            ([s.completion_ids for s in samples], [s.logprobs for s in samples], no_grad, graph)
+        )
+    (tokens, sampled, no_grad, graph), (tokens_c, sampled_c, no_grad_c, graph_c) = results
+    assert tokens_c == tokens and sum(map(len, tokens)) > len(tokens)  # more than one step
+    for a, b in zip(sampled_c, sampled, strict=True):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b))
+    torch.testing.assert_close(no_grad_c, no_grad)
+    torch.testing.assert_close(graph_c.detach(), graph.detach())
+
+
 def test_each_adapter_starts_from_its_own_seed_and_leaves_the_global_rng_alone(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -260,3 +307,36 @@ def test_agents_named_like_a_module_of_the_model_or_peft_are_refused(
             AgentPolicies(base, tok, ["solver", agent], LoraConfig())
     pol = AgentPolicies(base, tok, ["q_proj_agent", "solver"], LoraConfig())
     assert len(pol.adapter_parameters("q_proj_agent")) == len(pol.adapter_parameters("solver"))
+
+
+def test_saving_adapters_asks_the_hub_nothing(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the base named by a Hub id and the network cut (every name lookup and
+    connection refused at the socket), a save makes no connection attempt and takes no Hub
+    timeout, and the adapter still names its base as the user does."""
+    import json
+    import socket
+    import time
+    import warnings
+
+    base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
+    pol = AgentPolicies(base, tok, ["solver", "checker"], LoraConfig(), base_name="Qwen/Qwen3-4B")
+    attempts: list[object] = []
+
+    def refuse(*args: object) -> None:
+        attempts.append(args[-1])
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # offline mode would hide a lookup
+    start = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PEFT warns when its Hub lookup fails
+        saved = pol.save(tmp_path / "adapters")
+    assert attempts == [] and time.monotonic() - start < 10
+    for agent, path in saved.items():
+        config = json.loads((path / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == "Qwen/Qwen3-4B", agent
+        assert (path / "adapter_model.safetensors").is_file()

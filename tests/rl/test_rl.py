@@ -865,6 +865,45 @@ def test_mini_batches_are_a_seeded_shuffle_of_every_row() -> None:
     assert step_layout(range(10), one, acts, "x") == [micro_batches(range(10), 2, acts)]  # type: ignore[arg-type]
 
 
+def test_micro_batches_hold_a_token_budget_in_every_pass() -> None:
+    """With ``rl.micro_batch_tokens`` a micro-batch holds at most that many positions (rows x
+    its longest row), a longer row alone, in the old and reference passes as in the update;
+    the mini-batches are cut first (the same rows as without a budget)."""
+    policy = FakeTablePolicy(["a"])
+    lengths = [2, 9, 3, 7, 4, 8, 5, 6]  # prompt tokens; each completion is 1 token
+    episodes = []
+    for i, n in enumerate(lengths):
+        ep = Episode(f"e{i}", f"t{i}", "task", "1", correct=bool(i % 2))
+        ep.actions = [Action(f"e{i}", "a", 0, [0] * n, [1], [-1.0], "p", "c", False,
+                             coach=Score(float(i), flagged=False))]  # fmt: skip
+        episodes.append(ep)
+    items = scored_actions(episodes, exclude_flagged=True)
+    calls: list[list[int]] = []
+    recorded = policy.completion_logprobs
+
+    def record(agent, prompts, completions, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append([len(p) + len(c) for p, c in zip(prompts, completions, strict=True)])
+        return recorded(agent, prompts, completions, *args, **kwargs)
+
+    policy.completion_logprobs = record  # type: ignore[method-assign]
+    budget, rows_only = 12, RLConfig(micro_batch_size=8, mini_batch_size=4, kl_beta=0.1)
+    cfg = RLConfig(micro_batch_size=8, mini_batch_size=4, kl_beta=0.1, micro_batch_tokens=budget)
+    exp = make_experience(policy, items, cfg, beta=0.1, temperature=1.0, seed="s")
+    assert len(calls) == 2 * sum(len(mini) for mini in exp.layout["a"])  # old + reference
+    assert all(len(c) == 1 or len(c) * max(c) <= budget for c in calls), calls
+    assert any(len(c) > 1 for c in calls) and any(len(c) == 1 for c in calls)
+    plain = make_experience(policy, items, rows_only, beta=0.1, temperature=1.0, seed="s")
+    assert [sorted(i for m in mini for i in m) for mini in exp.layout["a"]] == [
+        sorted(i for m in mini for i in m) for mini in plain.layout["a"]
+    ]
+    assert all(len(mini) == 1 for mini in plain.layout["a"])  # rows alone: one micro-batch
+    sgd = torch.optim.SGD([policy.tables["a"]], lr=0.1)
+    calls.clear()
+    stats = policy_step(policy, "a", exp, sgd, [policy.tables["a"]], cfg, 0.1)
+    assert stats.steps == len(exp.layout["a"]) == 2
+    assert all(len(c) == 1 or len(c) * max(c) <= budget for c in calls), calls
+
+
 def _update(
     policy: FakeTablePolicy,
     episodes: list[Episode],

@@ -95,6 +95,8 @@ def _bad_values(annotation: Any, limits: dict[str, Any]) -> list[Any]:
         return out
     if typing.get_origin(annotation) is list:  # list[str]
         return [5, "text", {"a": 1}, [1, [2]]]
+    if typing.get_origin(annotation) is dict:  # dict[str, scalar]
+        return [5, "text", [1, 2], {"a": [1]}, {"a": {"b": 1}}]
     if typing.get_origin(annotation) is tuple:  # tuple[float, float]
         return ["abc", [0.9], [0.9, 0.95, 0.99], ["a", "b"]]
     raise AssertionError(f"no bad values for {annotation}")
@@ -126,6 +128,7 @@ def _assert_names_key(err: ConfigError, key: str) -> None:
 
 LEAF_KEYS = {k for k, a, _ in LEAVES if not (isinstance(a, type) and issubclass(a, BaseModel))}
 LEAF_KEYS -= {"agents", "agents.1.produces", "model.lora.target_modules", "rl.adam_betas"}
+LEAF_KEYS -= {"model.chat_template_kwargs"}  # the template's own variables: any name goes
 
 
 def _load_bad(key: str, value: Any, via_override: bool) -> tuple[Path, pytest.ExceptionInfo]:
@@ -320,3 +323,130 @@ def test_the_cli_reports_check_problems_with_exit_2_before_any_run_dir(tmp_path:
     assert f"tasks.source: {tasks}: duplicate task ids '1' (line 1, line 2)" in proc.stderr
     assert "Traceback" not in proc.stderr and "TORCH False" in proc.stdout
     assert not run_dir.exists()
+
+
+# --- the paper's configs as a user takes them to a GPU node ------------------------------
+
+SHIPPED = Path(preflight.__file__).resolve().parents[1] / "configs"
+
+
+def _paper_runs() -> list[tuple[str, RunConfig]]:
+    """Every shipped paper config, and every arm x seed of every shipped paper experiment."""
+    from mappa.experiment.spec import load_experiment, plan_runs
+
+    runs = [(p.name, load_config(p)) for p in sorted(SHIPPED.glob("*_paper.yaml"))]
+    for path in sorted((SHIPPED / "experiments").glob("*_paper.yaml")):
+        for run in plan_runs(load_experiment(path), path, Path("/tmp/unused")):
+            runs.append((f"{path.name}:{run.name}", run.config))
+    return runs
+
+
+def test_every_paper_run_checkpoints_and_fits_the_card_it_names() -> None:
+    """Each paper run checkpoints, bounds its micro-batches by tokens, turns Qwen3's
+    thinking off, names an 80 GB card and fits it by the pre-flight estimate; an
+    in-process vLLM leaves the trainer its optimizer state (utilization well under 0.85)."""
+    runs = _paper_runs()
+    names = [name for name, _ in runs]
+    assert "mathchat_paper.yaml" in names and len(names) >= 1 + 9
+    for name, cfg in runs:
+        assert cfg.model.gradient_checkpointing, name
+        assert cfg.rl.micro_batch_tokens is not None, name
+        assert cfg.model.chat_template_kwargs.get("enable_thinking") is False, name
+        assert cfg.model.gpu_memory_gib is not None and cfg.model.gpu_memory_gib <= 80, name
+        fp = preflight.footprint(cfg)
+        assert fp is not None and fp.card_gib == cfg.model.gpu_memory_gib, name
+        assert fp.problem() is None, (name, fp.table())
+        if cfg.rollout.engine == "vllm":
+            assert cfg.rollout.vllm.gpu_memory_utilization <= 0.75, name
+
+
+def test_the_h200_recipe_of_docs_scaling_fits_141_gb_and_not_80() -> None:
+    h200 = ["rollout.vllm.gpu_memory_utilization=0.85", "rl.micro_batch_tokens=131072"]
+    for engine in ("rollout.engine=vllm", "rollout.batch_size=16"):
+        cfg = load_config(SHIPPED / "mathchat_paper.yaml", [*h200, engine])
+        fits = preflight.footprint(cfg.model_copy(update={"model": cfg.model.model_copy(
+            update={"gpu_memory_gib": 139.0})}))  # fmt: skip
+        assert fits is not None and fits.problem() is None, fits.table()
+    assert preflight._memory_problem(cfg) is not None  # the same on the shipped 79 GiB card
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("model.gradient_checkpointing=false", "model.gradient_checkpointing"),
+        ("rollout.batch_size=64", "rollout.batch_size to at most"),
+        ("rl.micro_batch_tokens=400000", "rl.micro_batch_tokens to at most"),
+        ("rollout.vllm.gpu_memory_utilization=0.85", "gpu_memory_utilization to at most"),
+        ("rollout.vllm.gpu_memory_utilization=0.1", "raise it to at least"),
+    ],
+)
+def test_an_oversized_paper_run_is_refused_naming_what_to_change(override: str, names: str) -> None:
+    engine = ["rollout.engine=vllm"] if "vllm" in override else []
+    cfg = load_config(SHIPPED / "mathchat_paper.yaml", [*engine, override])
+    problem = preflight._memory_problem(cfg)
+    assert problem is not None and "\n" not in problem and names in problem, problem
+    with pytest.raises(ConfigError, match=names.split(" ")[0].replace(".", r"\.")):
+        preflight.check(cfg.model_copy(update={"model": cfg.model.model_copy(
+            update={"device": "auto"})}))  # fmt: skip
+
+
+def test_train_dry_run_prints_the_estimate_and_refuses_what_cannot_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from mappa.cli import main
+
+    here = [  # the paper config checked on this machine: no GPU, data or coach needed
+        "train", "--config", str(SHIPPED / "mathchat_paper.yaml"), "--dry-run",
+        "model.device=cpu", "tasks.source=arithmetic", "eval.source=null",
+        "rl.advantage=outcome_only",
+    ]  # fmt: skip
+    assert main(here) == 0
+    out = capsys.readouterr().out
+    assert "memory estimate" in out and "(card 79 GiB): fits" in out
+    assert main([*here, "rollout.batch_size=64"]) == 2
+    captured = capsys.readouterr()
+    assert "hf engine KV cache" in captured.out
+    assert captured.err.startswith("mappa: model.gpu_memory_gib=79: the sampling needs")
+    assert "lower rollout.batch_size to at most" in captured.err
+
+
+def test_a_dead_coach_port_is_refused_before_the_first_rollout(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real closed loopback port: ``mappa train`` stops in one line naming the URL and
+    the fix before any model loads or run directory exists; a listening port passes."""
+    from conftest import tiny_run_config
+
+    from mappa.cli import main
+    from mappa.run.loop import train
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    url = f"http://127.0.0.1:{port}/v1"
+    run_dir = tmp_path / "run"
+    http = ["coach.backend=http", f"coach.http.base_url={url}", "coach.cache.mode=off"]
+    cfg = tiny_run_config(tiny_model_dir, run_dir, *http)
+    problem = preflight.coach_unreachable(cfg)
+    assert problem is not None and "\n" not in problem
+    assert f"nothing listens at {url} (connection refused)" in problem
+    assert "start the coach server" in problem and "coach.http.base_url" in problem
+    with pytest.raises(ConfigError, match="connection refused"):
+        train(cfg)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    assert main(["train", "--config", str(config)]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"mappa: coach.http.base_url: nothing listens at {url}"
+    )
+    assert not run_dir.exists()
+    outcome = tiny_run_config(tiny_model_dir, run_dir, *http, "rl.advantage=outcome_only")
+    assert preflight.coach_unreachable(outcome) is None  # asks no coach: not probed
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        live = f"coach.http.base_url=http://127.0.0.1:{s.getsockname()[1]}/v1"
+        assert (
+            preflight.coach_unreachable(tiny_run_config(tiny_model_dir, run_dir, *http, live))
+            is None
+        )

@@ -97,3 +97,38 @@ def test_plain_text_after_the_assistant_message_is_never_dropped(tiny_model_dir:
     chat = ChatFormat(tok)
     newline = chat.encode("\n")[-1]
     assert chat.decode(chat.tool_turn(TURN, last_token=newline)) == f"\nuser: {TURN}\nassistant: "
+
+
+FAKE_THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+"""A fake of Qwen3's switch (no Qwen3 tokenizer ships here): its generation prompt, which
+with ``enable_thinking`` false closes an empty thinking block so the model opens none."""
+
+
+def test_template_kwargs_turn_thinking_off(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``model.chat_template_kwargs`` reaches the template: with Qwen3's switch off the
+    prompt ends in a closed, empty thinking block; without it, at the assistant header."""
+    from conftest import tiny_run_config
+
+    from mappa.run.build import make_runner
+
+    tok = _tokenizer(tiny_model_dir)
+    tok.chat_template = FAKE_THINKING_TEMPLATE
+    on = ChatFormat(tok).decode(ChatFormat(tok).first_prompt("sys", "q"), skip_special=False)
+    off_chat = ChatFormat(tok, {"enable_thinking": False})
+    off = off_chat.decode(off_chat.first_prompt("sys", "q"), skip_special=False)
+    assert on.endswith("<|im_start|>assistant\n") and "<think>" not in on
+    assert off == on + "<think>\n\n</think>\n\n"
+    cfg = tiny_run_config(
+        tiny_model_dir, tmp_path / "run", "model.chat_template_kwargs={enable_thinking: false}"
+    )
+    runner = make_runner(cfg, None, tok, tmp_path)  # type: ignore[arg-type]
+    try:
+        rendered = runner.chat.first_prompt("sys", "q")
+    finally:
+        runner.close()
+    assert runner.chat.decode(rendered, skip_special=False) == off

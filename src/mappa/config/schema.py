@@ -65,6 +65,21 @@ class ModelConfig(Strict):
         "to about one layer's, for about one more forward pass of time. For long sequences "
         "or bigger models; sampling and the no-grad passes are unaffected.",
     )
+    gpu_memory_gib: float | None = Field(
+        None,
+        gt=0.0,
+        description="Memory of the GPU the run is meant for, GiB (e.g. 79 for an 80 GB "
+        "H100). The pre-flight memory estimate (`mappa train --dry-run` prints it) refuses "
+        "a run whose estimated peak does not fit it, naming what to change. null: the "
+        "CUDA device's own memory when one is present, else no check.",
+    )
+    chat_template_kwargs: dict[str, bool | int | float | str] = Field(
+        default_factory=dict,
+        description="Extra variables for the tokenizer's chat template when an agent's "
+        "prompt is rendered, e.g. `{enable_thinking: false}`: Qwen3 then opens no thinking "
+        "block (its template writes an empty one), so actions are not spent thinking and "
+        "cut off at `rollout.max_new_tokens`.",
+    )
 
 
 class VllmConfig(Strict):
@@ -578,6 +593,16 @@ class RLConfig(Strict):
         True, description="Leave completions cut at max_new_tokens out of the loss."
     )
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward pass.")
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Most token positions in one forward/backward pass (rows x its longest "
+        "row, padding included), beside `micro_batch_size`: rows are packed longest first "
+        "until the next would pass the budget, and a row longer than it goes alone. It bounds "
+        "the update's activation memory whatever the lengths (the old and reference passes "
+        "use the same micro-batches). Mini-batches are cut first, micro-batches within them. "
+        "null: `micro_batch_size` rows, whatever their length.",
+    )
     whiten_eps: float = Field(
         1e-4,
         gt=0.0,

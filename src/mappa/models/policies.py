@@ -9,7 +9,6 @@ samples from these very modules; the vLLM engine from a copy it is synced with.
 from __future__ import annotations
 
 import hashlib
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,15 +22,17 @@ from mappa.models.interface import TokenLogprobs
 from mappa.models.tensors import LOGPROB_CHUNK_TOKENS, left_pad, token_logprobs
 
 
-def _checkpoint_layers(model: Any) -> None:
+def _checkpoint_layers(model: Any) -> list[Any]:
     """Turn on transformers' per-layer activation checkpointing (non-reentrant: no input
-    needs ``requires_grad``) while the model stays in eval mode.
+    needs ``requires_grad``) and return the checkpointable layers, left in eval mode.
 
-    transformers checkpoints a layer only when the layer's own ``training`` flag is set;
-    ``.train()`` would also switch on every dropout below it (attention, LoRA), changing the
-    very log-probs being trained. So only the layers' own flags are set: their children stay
-    in eval mode, and with grad disabled (sampling, old and reference log-probs) a layer runs
-    as it always does.
+    transformers checkpoints a layer only while the layer's own ``training`` flag is set, and
+    some versions then also drop the KV cache, even in a forward without grad: a layer left
+    in training mode would have the hf engine sample, and the local coach score, every new
+    token without its context. So the flag is set only around a forward that builds a graph
+    (``AgentPolicies.completion_logprobs`` with grad enabled) and cleared after it. Only the
+    layers' own flags are set, never ``.train()``, which would also switch on every dropout
+    below them (attention, LoRA) and change the very log-probs being trained.
     """
     from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -39,8 +40,21 @@ def _checkpoint_layers(model: Any) -> None:
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no checkpointable layers")
+    return layers
+
+
+@contextmanager
+def _layers_training(layers: Sequence[Any], on: bool) -> Iterator[None]:
+    """Each layer's own ``training`` flag set to ``on`` for the block (``.train()`` would
+    recurse into the layer's dropouts), then cleared: outside it every layer is in eval
+    mode, whatever the block raised."""
     for layer in layers:
-        layer.training = True  # this module only: not .train(), which recurses
+        layer.training = on
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.training = False
 
 
 def _final_logit_softcap(model: Any) -> float | None:
@@ -189,8 +203,8 @@ class AgentPolicies:
                     model.add_adapter(name, peft_cfg)
         self.model = model
         self.model.eval()
-        if gradient_checkpointing:
-            _checkpoint_layers(base)
+        self._checkpointed = _checkpoint_layers(base) if gradient_checkpointing else []
+        """The layers checkpointed in a forward that builds a graph (none: checkpointing off)."""
 
     @contextmanager
     def _adapter_rng(self, seed: int, agent: str) -> Iterator[None]:
@@ -256,7 +270,8 @@ class AgentPolicies:
         real, first = col >= tc - n, col < n
         ids, mask, positions = left_pad(seqs, self.tokenizer.pad_token_id, self.device)
         causal_lm: Any = self.model.get_base_model()
-        with self.use(agent):
+        graph = torch.is_grad_enabled()  # only then is there a backward to recompute for
+        with self.use(agent), _layers_training(self._checkpointed, graph):
             # The last tc+1 positions predict the last tc tokens (left padding).
             hidden = causal_lm.get_decoder()(
                 input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
@@ -287,12 +302,13 @@ class AgentPolicies:
         for agent in self.agents:
             if self.base_name is not None:
                 self.model.peft_config[agent].base_model_name_or_path = self.base_name
-            with warnings.catch_warnings():
-                # PEFT looks for the base's config under that name to see whether the
-                # vocabulary was resized; a `pypi:` spec has none there, and mappa never
-                # resizes the vocabulary, so its "could not find a config" warning is noise.
-                warnings.filterwarnings("ignore", "Could not find a config file", UserWarning)
-                self.model.save_pretrained(str(directory), selected_adapters=[agent])
+            # PEFT's default ("auto") looks the base up on the Hugging Face Hub at every save
+            # to see whether the vocabulary was resized, which stalls a node without the Hub;
+            # mappa never resizes it, so the embeddings are never saved (LoRA tensors on an
+            # embedding layer are the adapter's and are saved all the same).
+            self.model.save_pretrained(
+                str(directory), selected_adapters=[agent], save_embedding_layers=False
+            )
         return {agent: directory / agent for agent in self.agents}
 
     def load(self, directory: Path) -> None:

@@ -301,11 +301,11 @@ def step_layout(rows: Sequence[int], cfg: RLConfig, actions: Sequence[Action], s
     """
     size = cfg.mini_batch_size
     if size is None or len(rows) <= size:
-        return [micro_batches(rows, cfg.micro_batch_size, actions)]
+        return [micro_batches(rows, cfg.micro_batch_size, actions, cfg.micro_batch_tokens)]
     order = list(rows)
     random.Random(seed).shuffle(order)
     return [
-        micro_batches(order[i : i + size], cfg.micro_batch_size, actions)
+        micro_batches(order[i : i + size], cfg.micro_batch_size, actions, cfg.micro_batch_tokens)
         for i in range(0, len(order), size)
     ]
 
@@ -331,19 +331,29 @@ def needs_old_pass(cfg: RLConfig, beta: float, several_steps: bool) -> bool:
     return cfg.recompute_old_logprobs == "always" or beta > 0 or several_steps
 
 
-def micro_batches(rows: Sequence[int], size: int, actions: Sequence[Action]) -> list[list[int]]:
+def micro_batches(
+    rows: Sequence[int],
+    size: int,
+    actions: Sequence[Action],
+    max_tokens: int | None = None,
+) -> list[list[int]]:
     """An agent's rows in the chunks every pass over them uses (old, reference and trained
     log-probs), so each token's old and reference log-probs come from the very forward-pass
     layout it is trained in. Rows are bucketed by length, longest first, so a chunk pads
-    little; the loss sums over chunks, so the grouping does not change the update.
+    little; a chunk holds at most ``size`` rows and (with ``max_tokens``,
+    ``rl.micro_batch_tokens``) at most ``max_tokens`` positions counted as rows x its
+    longest row, a longer row alone. The loss sums over chunks, so the grouping does not
+    change the update.
 
     >>> from types import SimpleNamespace as A
     >>> acts = [A(prompt_ids=[0] * n, completion_ids=[0]) for n in (1, 9, 4, 7, 2)]
     >>> micro_batches([0, 1, 2, 3, 4], 2, acts)
     [[1, 3], [2, 4], [0]]
+    >>> micro_batches([0, 1, 2, 3, 4], 4, acts, max_tokens=10)
+    [[1], [3], [2, 4], [0]]
     """
     lengths = [len(actions[r].prompt_ids) + len(actions[r].completion_ids) for r in rows]
-    return [[rows[j] for j in batch] for batch in token_batches(lengths, size)]
+    return [[rows[j] for j in batch] for batch in token_batches(lengths, size, max_tokens)]
 
 
 def action_logprobs(

@@ -276,7 +276,9 @@ def make_runner(
     """The in-process rollout sampling from ``engine``; close it to end its sandboxes."""
     from mappa.workflow.chat import ChatFormat
 
-    return runner_for(cfg, engine, ChatFormat(tokenizer), workspace_root)
+    return runner_for(
+        cfg, engine, ChatFormat(tokenizer, cfg.model.chat_template_kwargs), workspace_root
+    )
 
 
 def runner_for(

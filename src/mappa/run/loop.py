@@ -77,6 +77,7 @@ def train(
     ``train.steps``.
     """
     preflight.check(cfg)
+    preflight.check_coach_reachable(cfg)  # here, not in check: a coach server may start later
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     if resume is None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from mappa.coach.templates import CoachTemplate, load_template
 from mappa.config import RunConfig, SandboxConfig
+from mappa.models.footprint import Architecture, Footprint, estimate, model_config
 from mappa.paths import cache_root
 from mappa.sandbox import make_backend
 
@@ -229,6 +230,44 @@ def _sandbox_problems(cfg: SandboxConfig) -> list[str]:
     return []
 
 
+def card_gib(cfg: RunConfig) -> float | None:
+    """The memory of the card the run is for, GiB: ``model.gpu_memory_gib``, else that of
+    the CUDA device ``model.device`` names, when it is here; ``None`` otherwise (``auto``
+    is not resolved: that would import torch for every CPU run)."""
+    if cfg.model.gpu_memory_gib is not None:
+        return cfg.model.gpu_memory_gib
+    if not cfg.model.device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.device(cfg.model.device)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return float(torch.cuda.get_device_properties(index).total_memory) / 2**30
+
+
+def footprint(cfg: RunConfig) -> Footprint | None:
+    """The run's GPU memory estimate (``mappa.models.footprint``) against its card, or
+    ``None`` where it does not apply: a Ray cluster (each actor's share depends on the
+    placement), a model whose config.json is not at hand without a download (``pypi:``
+    CPU models among them), a run on no CUDA device that names no card."""
+    if cfg.cluster is not None:
+        return None
+    config = model_config(cfg.model.path)
+    if config is None:
+        return None
+    card = card_gib(cfg)
+    if card is None and not cfg.model.device.startswith("cuda"):
+        return None
+    return estimate(cfg, Architecture.from_config(config), card)
+
+
+def _memory_problem(cfg: RunConfig) -> str | None:
+    fp = footprint(cfg)
+    return None if fp is None else fp.problem()
+
+
 def check(cfg: RunConfig) -> None:
     """Everything about ``cfg`` that can fail before a model loads and needs more than the
     schema: the CLI calls it right after loading the config (before a run dir exists), and
@@ -238,7 +277,8 @@ def check(cfg: RunConfig) -> None:
     ``ValueError``s) listing every problem found, each naming its key: the model path (a
     known, installed ``pypi:`` package, a model directory, or an HF id), the device, the
     coach URL, its API-key variable and its cache's directory, the rollout engine's package
-    (vLLM), Ray for a ``cluster`` section, the sandbox backend, the
+    (vLLM), Ray for a ``cluster`` section, the estimated GPU memory against the card
+    (``footprint``), the sandbox backend, the
     task files (errors name the file and line; duplicate ids are refused). Warns about a
     learning rate too small to move a LoRA adapter.
     """
@@ -250,6 +290,7 @@ def check(cfg: RunConfig) -> None:
         _device_problem(cfg.model.device),
         _engine_problem(cfg.rollout.engine),
         _cluster_problem(cfg),
+        _memory_problem(cfg),
         *_coach_problems(cfg),
         *_sandbox_problems(cfg.sandbox),
         *_task_problems(cfg),
@@ -266,6 +307,51 @@ def check(cfg: RunConfig) -> None:
             UserWarning,
             stacklevel=2,
         )
+
+
+COACH_PROBE_S = 5.0
+"""How long the coach's server has to accept a connection before the first rollout."""
+
+
+def coach_unreachable(cfg: RunConfig, timeout_s: float = COACH_PROBE_S) -> str | None:
+    """Why the HTTP coach's server cannot be reached, or None: a TCP connection to
+    ``coach.http.base_url``'s host and port, made before the first rollout, so a server
+    that is not up costs seconds instead of steps of GPU time spent on flagged scores.
+    Only where the run asks the coach (not ``replay``, not a reward without coach
+    scores); the URL's form is ``check``'s."""
+    import socket
+    from urllib.parse import urlsplit
+
+    c = cfg.coach
+    if c.backend != "http" or not cfg.rl.needs_coach or c.cache.mode == "replay":
+        return None
+    url = c.http.base_url
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return None  # malformed: check() names it
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    fix = (
+        "start the coach server there (e.g. `vllm serve <model> --served-model-name coach "
+        f"--port {port}`, or `mappa coach-serve`) or set coach.http.base_url to where it runs"
+    )
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return None
+    except ConnectionRefusedError:
+        return f"coach.http.base_url: nothing listens at {url} (connection refused); {fix}"
+    except socket.gaierror as err:
+        return f"coach.http.base_url: {url}: host {parts.hostname!r} is unknown ({err}); {fix}"
+    except OSError as err:
+        return f"coach.http.base_url: {url} accepts no connection ({err or 'timed out'}); {fix}"
+
+
+def check_coach_reachable(cfg: RunConfig) -> None:
+    """Raise ``ConfigError`` when ``coach_unreachable`` finds a problem."""
+    from mappa.config import ConfigError
+
+    problem = coach_unreachable(cfg)
+    if problem:
+        raise ConfigError(problem)
 
 
 def coach_template(cfg: RunConfig) -> CoachTemplate:

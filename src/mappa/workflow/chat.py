@@ -34,10 +34,17 @@ def plain_transcript(messages: Sequence[Mapping[str, str]]) -> str:
 
 
 class ChatFormat:
-    """Renders prompts and tool turns for one tokenizer."""
+    """Renders prompts and tool turns for one tokenizer.
 
-    def __init__(self, tokenizer: Any) -> None:
+    Args:
+        tokenizer: a tokenizer with a chat template.
+        template_kwargs: extra variables every rendering passes to the template
+            (``model.chat_template_kwargs``, e.g. Qwen3's ``enable_thinking``).
+    """
+
+    def __init__(self, tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
         self.eos_text = tokenizer.eos_token or ""
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         self.special_ids: set[int] = {i for i, t in added.items() if getattr(t, "special", False)}
@@ -45,7 +52,10 @@ class ChatFormat:
 
     def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt
+            messages,
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
+            **self.template_kwargs,
         )
 
     def encode(self, text: str) -> list[int]:
