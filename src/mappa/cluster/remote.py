@@ -164,12 +164,37 @@ class RemoteEngine:
     """
 
     def __init__(
-        self, engines: Mapping[str, ActorHandle], name: str, *, shares_trainer: bool
+        self,
+        engines: Mapping[str, ActorHandle],
+        name: str,
+        *,
+        shares_trainer: bool,
+        actor_names: Mapping[str, str] | None = None,
     ) -> None:
         self.engines = dict(engines)
         self.agents = list(engines)
         self.name = name
         self.shares_trainer = shares_trainer
+        self.actor_names = dict(actor_names or {})
+        """Agent -> the Ray name of the actor that samples it (for messages)."""
+
+    def describe(self, agent: str) -> str:
+        actor = self.actor_names.get(agent)
+        return f"{self.name} engine" + (f" on Ray actor {actor}" if actor else " on Ray")
+
+    def logprobs_of(
+        self,
+        agent: str | None,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+    ) -> list[list[float]]:
+        """The engine actor's log-probs of the given tokens (``RolloutEngine.logprobs_of``)."""
+        actor = self.engines[self.agents[0] if agent is None else agent]
+        ref: Any = actor.engine_logprobs_of.remote(
+            agent, [list(p) for p in prompt_ids], [list(c) for c in completion_ids]
+        )
+        out: list[list[float]] = wait(ref, f"probing {agent or 'the reference'}'s engine")
+        return out
 
     def generate(
         self,

@@ -122,6 +122,19 @@ class RolloutConfig(Strict):
     )
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (training).")
     batch_size: int = Field(8, ge=1, description="Sequences generated together.")
+    sync_check: Literal["every", "off"] = Field(
+        "every",
+        description="After every sync of the engine with the trainer (and before the first "
+        "rollout), score a short fixed probe text with each agent's adapter on both and stop "
+        "the step when they differ by more than `sync_tolerance`: the engine would sample a "
+        "stale adapter (docs/engines.md, 'The sync probe'). `off`: no probe.",
+    )
+    sync_tolerance: float | None = Field(
+        None,
+        gt=0.0,
+        description="Largest max-abs log-prob gap on the probe a freshly synced engine may "
+        "show; null: by the model's dtype (1e-3 in float32, 0.05 in bfloat16/float16).",
+    )
 
 
 RESERVED_AGENT_NAMES = frozenset(

@@ -27,6 +27,7 @@ from mappa.coach import CoachFatalError, CoachView, FallbackGuard, score_episode
 from mappa.coach.stats import NoSignalWatch
 from mappa.config import RunConfig
 from mappa.jsonl import append_jsonl, read_jsonl
+from mappa.models.sync_probe import StaleAdapterError
 from mappa.provenance import note_code
 from mappa.records import append_episodes
 from mappa.rl.kl import KLController
@@ -103,6 +104,7 @@ def train(
     )
     try:
         runner = build.make_runner(cfg, engine, models.tokenizer, run_dir / "workspaces")
+        probe = build.sync_probe(cfg, models)
     except BaseException:
         models.close()
         raise
@@ -117,6 +119,8 @@ def train(
         if start:
             engine.sync(adapters, start)  # the restored adapters
             signal_watch.replay(read_jsonl(run_dir / "metrics.jsonl"))  # cut back to ``start``
+        if probe is not None:  # the first sync (in building the engine, or just above)
+            log.info("sync probe before step %d: %s", start, probe.check(start))
         saved = start if resume is not None else -1
         before = evaluator.at_start(runner) if start == 0 else {}  # goes on step 0's line
         for step in tqdm(range(start, cfg.train.steps), desc="train", unit="step"):
@@ -139,6 +143,8 @@ def train(
             engine.release()  # e.g. vLLM sleeps: its memory is the update's until the sync
             metrics.update(models.update(episodes, step, kl_ctl, recompute_old))
             engine.sync(adapters, step + 1)  # the next rollout samples the new adapters
+            if probe is not None:  # ... provably: a stale adapter stops the run here
+                metrics.update(probe.check(step + 1))
             checkpoint.pause_point("update", step)
             metrics.update(
                 rollout_tokens_per_s=rollout.generated_tokens / max(rollout.wall_s, 1e-9),
@@ -157,7 +163,7 @@ def train(
                 saved = step + 1
         if saved != max(start, cfg.train.steps):  # before closing: Ray actors hold the state
             checkpoint.save_checkpoint(run_dir, max(start, cfg.train.steps), state)
-    except (CoachFatalError, NonFiniteError, WorkerLost) as err:  # a stop the user must act on
+    except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkerLost) as err:  # user acts
         err.add_note(checkpoint.resume_hint(run_dir))
         raise
     finally:
