@@ -83,7 +83,7 @@ def test_a_gap_over_the_tolerance_stops_naming_agent_engine_and_fix(gap: float) 
         _probe({"solver": 0.0, "checker": gap}).check(3)
     message = str(err.value)
     assert "\n" not in message
-    assert "agent 'checker'" in message and "fake engine" in message
+    assert message.startswith("stale adapter for agent 'checker' on the fake engine: ")
     assert "before step 3's rollout" in message and "float32" in message
     assert "rollout.sync_tolerance" in message and "docs/engines.md" in message
 

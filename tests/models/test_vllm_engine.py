@@ -288,7 +288,9 @@ def test_a_skipped_sync_stops_the_run_naming_the_agent_and_engine(
     with pytest.raises(StaleAdapterError) as err:
         train(_config(vllm_model_dir, tmp_path / "run", "train.steps=1"))
     message = str(err.value)
-    assert "before step 1's rollout the vllm engine scores agent 'problem_solver'" in message
+    assert message.startswith(
+        "stale adapter for agent 'problem_solver' on the vllm engine: before step 1's rollout"
+    )
     assert "rollout.sync_tolerance" in message
 
 

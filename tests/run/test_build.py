@@ -53,3 +53,17 @@ def test_outcome_only_asks_no_coach(tiny_model_dir: Path, tmp_path: Path) -> Non
     assert m["trained_actions"] == len(actions) and m["coach/calls"] == 0
     for agent in ("problem_solver", "code_executor", "verifier"):  # the reward used: outcome 0
         assert m[f"rl/{agent}/mean_reward"] == 0.0
+
+
+def test_the_sync_probe_follows_rollout_sync_check_and_tolerance(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    models = build.local_models(tiny_run_config(tiny_model_dir, tmp_path / "run"))
+    by_dtype = build.sync_probe(tiny_run_config(tiny_model_dir, tmp_path / "a"), models)
+    assert by_dtype is not None and (by_dtype.tolerance, by_dtype.dtype) == (1e-3, "float32")
+    assert by_dtype.agents == ["problem_solver", "code_executor", "verifier"]
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "b", "rollout.sync_tolerance=0.02")
+    set_by_hand = build.sync_probe(cfg, models)
+    assert set_by_hand is not None and set_by_hand.tolerance == 0.02
+    off = tiny_run_config(tiny_model_dir, tmp_path / "c", "rollout.sync_check=off")
+    assert build.sync_probe(off, models) is None

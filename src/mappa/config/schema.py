@@ -136,6 +136,11 @@ class RolloutConfig(Strict):
         "show; null: by the model's dtype (1e-3 in float32, 0.05 in bfloat16/float16).",
     )
 
+    @field_validator("sync_check", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
+
 
 RESERVED_AGENT_NAMES = frozenset(
     {"base_model", "model", "base_layer", "default", "weight", "bias"}

@@ -100,9 +100,9 @@ class SyncProbe:
         for agent, gap in gaps.items():
             if not gap <= self.tolerance:  # NaN is stale too
                 raise StaleAdapterError(
-                    f"stale adapter: before step {step}'s rollout the "
-                    f"{self.engine.describe(agent)} scores agent {agent!r}'s probe tokens "
-                    f"{gap:.3g} apart from the trainer (tolerance {self.tolerance:g} in "
+                    f"stale adapter for agent {agent!r} on the {self.engine.describe(agent)}: "
+                    f"before step {step}'s rollout its log-probs of the probe text are "
+                    f"{gap:.3g} apart from the trainer's (tolerance {self.tolerance:g} in "
                     f"{self.dtype}), so it does not sample the weights just trained; check "
                     f"that engine's sync (docs/engines.md, 'The sync probe'), or raise "
                     f"rollout.sync_tolerance if its kernels differ from the trainer's by more"
