@@ -160,7 +160,8 @@ class RemoteEngine:
     ``name`` is the engine inside the actors (``hf``, ``vllm``): how the sampling log-probs
     relate to the trainer's depends on it (``rl.recompute_old_logprobs``). ``shares_trainer``:
     the engines are the trainer actors themselves (``cluster.engines: trainer``), which sample
-    from the very modules they train, so ``sync`` has no weights to send.
+    from the very modules they train, so ``sync`` has no weights to send. ``actor_names``:
+    the Ray name of the actor that samples each agent, for messages.
     """
 
     def __init__(
@@ -169,18 +170,17 @@ class RemoteEngine:
         name: str,
         *,
         shares_trainer: bool,
-        actor_names: Mapping[str, str] | None = None,
+        actor_names: Mapping[str, str],
     ) -> None:
         self.engines = dict(engines)
         self.agents = list(engines)
         self.name = name
         self.shares_trainer = shares_trainer
-        self.actor_names = dict(actor_names or {})
+        self.actor_names = dict(actor_names)
         """Agent -> the Ray name of the actor that samples it (for messages)."""
 
     def describe(self, agent: str) -> str:
-        actor = self.actor_names.get(agent)
-        return f"{self.name} engine" + (f" on Ray actor {actor}" if actor else " on Ray")
+        return f"{self.name} engine on Ray actor {self.actor_names[agent]}"
 
     def logprobs_of(
         self,
