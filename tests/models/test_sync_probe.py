@@ -72,7 +72,8 @@ def _probe(offset: dict[str, float], tolerance: float = 1e-3) -> SyncProbe:
 
 def test_a_fresh_sync_passes_and_reports_each_agents_gap() -> None:
     metrics = _probe({"solver": 0.0, "checker": 4e-4}).check(3)
-    assert metrics.keys() == {"sync/solver/probe_gap", "sync/checker/probe_gap"}
+    assert metrics.keys() == {"sync/solver/probe_gap", "sync/checker/probe_gap", "sync/probe_s"}
+    assert metrics["sync/probe_s"] >= 0
     assert metrics["sync/solver/probe_gap"] < 1e-6
     assert metrics["sync/checker/probe_gap"] == pytest.approx(4e-4, rel=1e-3)
 

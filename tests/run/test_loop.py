@@ -78,6 +78,7 @@ def test_two_steps_change_each_adapter_and_not_the_base(
             assert m[f"coach_health/{n}/signal"] in (0, 1)
             assert m[f"coach_health/{n}/no_signal_streak"] <= m["step"] + 1
             assert 0 <= m[f"sync/{n}/probe_gap"] < 1e-4  # the engine samples the new weights
+        assert m["sync/probe_s"] > 0
         assert m["coach_health/agents"] == len(names)
         assert m["rollout_tokens_per_s"] > 0 and m["mean_kl"] is not None
 

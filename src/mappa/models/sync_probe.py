@@ -15,6 +15,7 @@ number, so it never shifts the rollout's sampling stream.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -94,8 +95,10 @@ class SyncProbe:
 
     def check(self, step: int) -> dict[str, float]:
         """Probe every agent after the sync that serves step ``step``'s rollout; returns the
-        gaps as metrics (``sync/<agent>/probe_gap``). Raises ``StaleAdapterError`` on the
-        first agent over the tolerance."""
+        gaps and the probe's wall time as metrics (``sync/<agent>/probe_gap``,
+        ``sync/probe_s``). Raises ``StaleAdapterError`` on the first agent over the
+        tolerance."""
+        start = time.monotonic()
         gaps = self.gaps()
         for agent, gap in gaps.items():
             if not gap <= self.tolerance:  # NaN is stale too
@@ -107,4 +110,5 @@ class SyncProbe:
                     f"that engine's sync (docs/engines.md, 'The sync probe'), or raise "
                     f"rollout.sync_tolerance if its kernels differ from the trainer's by more"
                 )
-        return {f"sync/{agent}/probe_gap": gap for agent, gap in gaps.items()}
+        metrics = {f"sync/{agent}/probe_gap": gap for agent, gap in gaps.items()}
+        return {**metrics, "sync/probe_s": time.monotonic() - start}

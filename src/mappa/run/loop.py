@@ -143,8 +143,6 @@ def train(
             engine.release()  # e.g. vLLM sleeps: its memory is the update's until the sync
             metrics.update(models.update(episodes, step, kl_ctl, recompute_old))
             engine.sync(adapters, step + 1)  # the next rollout samples the new adapters
-            if probe is not None:  # ... provably: a stale adapter stops the run here
-                metrics.update(probe.check(step + 1))
             checkpoint.pause_point("update", step)
             metrics.update(
                 rollout_tokens_per_s=rollout.generated_tokens / max(rollout.wall_s, 1e-9),
@@ -152,6 +150,8 @@ def train(
                 coach_s=t_coach,
                 update_s=time.monotonic() - t0 - t_coach,
             )
+            if probe is not None:  # ... provably: a stale adapter stops the run here
+                metrics.update(probe.check(step + 1))  # its time is not in update_s
             metrics.update(evaluator.after_step(step, runner))
             append_jsonl(run_dir / "metrics.jsonl", [metrics])
             if live is not None:
