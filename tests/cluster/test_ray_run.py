@@ -227,6 +227,8 @@ def test_the_papers_layout_trains_with_an_engine_per_agent(
         for agent in AGENT_NODES:
             assert m[f"rl/{agent}/skipped"] == "" and m[f"rl/{agent}/grad_norm"] > 0
         assert 0 <= m["rl/logprob_gap_max"] < 0.05  # recomputed: engines hold copies
+        for agent in AGENT_NODES:  # each engine's copy is its trainer's weights
+            assert 0 <= m[f"sync/{agent}/probe_gap"] < 1e-4
     for agent in AGENT_NODES:
         saved = load_file(run_dir / "adapters" / agent / "adapter_model.safetensors")
         assert any(t.abs().sum() > 0 for k, t in saved.items() if "lora_B" in k)
@@ -264,6 +266,31 @@ def test_engine_sync_sends_the_trainers_weights(
     finally:
         models.close()
     assert not ray.is_initialized()
+
+
+def test_a_skipped_sync_stops_the_run_naming_the_agent_and_engine_actor(
+    tiny_model_dir: Path, tmp_path: Path, two_nodes: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine actor given the adapters before the first rollout and never again: the
+    probe after step 0's update finds it sampling the old weights and stops the run, naming
+    the agent and the actor (every other test here is the run with the sync, passing)."""
+    from mappa.cluster.remote import RemoteEngine
+    from mappa.models.sync_probe import StaleAdapterError
+
+    sync = RemoteEngine.sync
+
+    def first_sync_only(self: RemoteEngine, source: Any, step: int) -> None:
+        if step == 0:
+            sync(self, source, step)
+
+    monkeypatch.setattr(RemoteEngine, "sync", first_sync_only)
+    with pytest.raises(StaleAdapterError) as err:
+        train(ray_config(tiny_model_dir, tmp_path / "ray", two_nodes, "train.steps=1"))
+    assert str(err.value).startswith(
+        "stale adapter for agent 'problem_solver' on the hf engine on Ray actor mappa-engine: "
+        "before step 1's rollout"
+    )
+    assert not ray.is_initialized()  # the run still ended its actors
 
 
 def test_a_killed_trainer_stops_the_run_and_resume_finishes_it(

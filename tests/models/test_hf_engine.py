@@ -1,6 +1,7 @@
 """The hf rollout engine: the prefill projects only the last position onto the vocabulary,
-finished rows leave the batch without changing any sample, and ``sync`` accepts only the
-trainer's own adapters."""
+finished rows leave the batch without changing any sample, ``sync`` accepts only the
+trainer's own adapters, and ``logprobs_of`` (the sync probe's view) scores with the weights
+``generate`` samples from."""
 
 from __future__ import annotations
 
@@ -86,3 +87,22 @@ def test_sync_takes_only_the_trainers_own_adapters(policies: AgentPolicies) -> N
     engine.sync(policies, 1)  # nothing to publish
     with pytest.raises(ValueError, match="its trainer's own adapters"):
         engine.sync(object(), 1)
+
+
+def test_logprobs_of_scores_with_the_weights_generate_samples(policies: AgentPolicies) -> None:
+    """The sync probe's view of the engine: its log-probs of a sampled completion are those
+    the sampler recorded, and the trainer's; another agent's adapter gives others."""
+    engine = HfEngine(policies)
+    prompts, _ = prompts_and_completions(len(policies.tokenizer))
+    torch.manual_seed(0)
+    samples = engine.generate("solver", prompts, max_new_tokens=6)
+    completions = [s.completion_ids for s in samples]
+    scored = engine.logprobs_of("solver", prompts, completions)
+    with torch.no_grad():
+        trained = policies.completion_logprobs("solver", prompts, completions).logprobs
+    for s, got, want in zip(samples, scored, trained, strict=True):
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(s.logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(got), want[: len(got)], atol=1e-5, rtol=0)
+    other = engine.logprobs_of("checker", prompts, completions)
+    pairs = zip(other, scored, strict=True)
+    assert max(abs(a - b) for x, y in pairs for a, b in zip(x, y, strict=True)) > 1e-3

@@ -257,11 +257,41 @@ def test_vllm_engine_trains_two_steps_and_serves_each_update(
     for m in metrics:  # the trainer recomputes what vLLM recorded for every trained token
         assert all(m[f"rl/{a.name}/tokens"] > 0 for a in cfg.agents)
         assert m["rl/logprob_gap_max"] < ATOL
+        assert all(0 <= m[f"sync/{a.name}/probe_gap"] < ATOL for a in cfg.agents)  # the probe
 
     assert set(after_update) == {a.name for a in cfg.agents}
     for agent, (before, served, trainer) in after_update.items():
         assert max(abs(x - y) for x, y in zip(served, trainer, strict=True)) < ATOL, agent
         assert max(abs(x - y) for x, y in zip(before, served, strict=True)) > 10 * ATOL, agent
+
+
+@needs_vllm
+def test_a_skipped_sync_stops_the_run_naming_the_agent_and_engine(
+    vllm_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine whose sync after an update stamps the step but reloads nothing (it keeps
+    serving the adapters of the first sync): the probe after step 0's update stops the run,
+    naming the agent and the engine (the acceptance run above, with the sync, passes)."""
+    from mappa.models import vllm_engine
+    from mappa.models.sync_probe import StaleAdapterError
+    from mappa.run.loop import train
+
+    class SkippingEngine(vllm_engine.VllmEngine):
+        def sync(self, source: Any, step: int) -> None:
+            if step == 0:
+                super().sync(source, step)
+            else:
+                self.wake()
+                self.version = step  # the stamp a version check would trust
+
+    monkeypatch.setattr(vllm_engine, "VllmEngine", SkippingEngine)
+    with pytest.raises(StaleAdapterError) as err:
+        train(_config(vllm_model_dir, tmp_path / "run", "train.steps=1"))
+    message = str(err.value)
+    assert message.startswith(
+        "stale adapter for agent 'problem_solver' on the vllm engine: before step 1's rollout"
+    )
+    assert "rollout.sync_tolerance" in message
 
 
 @needs_vllm

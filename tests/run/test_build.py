@@ -103,3 +103,17 @@ def test_the_score_cache_key_ignores_what_cannot_change_a_score(tmp_path: Path, 
 def test_an_auto_dtype_is_keyed_by_what_it_resolves_to(tmp_path: Path) -> None:
     resolved = {_coach_key(tmp_path, f"model.dtype={d}") for d in ("float32", "bfloat16")}
     assert _coach_key(tmp_path, "model.dtype=auto") in resolved
+
+
+def test_the_sync_probe_follows_rollout_sync_check_and_tolerance(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    models = build.local_models(tiny_run_config(tiny_model_dir, tmp_path / "run"))
+    by_dtype = build.sync_probe(tiny_run_config(tiny_model_dir, tmp_path / "a"), models)
+    assert by_dtype is not None and (by_dtype.tolerance, by_dtype.dtype) == (1e-3, "float32")
+    assert by_dtype.agents == ["problem_solver", "code_executor", "verifier"]
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "b", "rollout.sync_tolerance=0.02")
+    set_by_hand = build.sync_probe(cfg, models)
+    assert set_by_hand is not None and set_by_hand.tolerance == 0.02
+    off = tiny_run_config(tiny_model_dir, tmp_path / "c", "rollout.sync_check=off")
+    assert build.sync_probe(off, models) is None

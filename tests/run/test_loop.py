@@ -77,8 +77,33 @@ def test_two_steps_change_each_adapter_and_not_the_base(
             assert m[f"rl/{n}/tokens"] > 0 and m[f"coach/{n}"] is not None
             assert m[f"coach_health/{n}/signal"] in (0, 1)
             assert m[f"coach_health/{n}/no_signal_streak"] <= m["step"] + 1
+            assert 0 <= m[f"sync/{n}/probe_gap"] < 1e-4  # the engine samples the new weights
+        assert m["sync/probe_s"] > 0
         assert m["coach_health/agents"] == len(names)
         assert m["rollout_tokens_per_s"] > 0 and m["mean_kl"] is not None
+
+
+def test_an_agent_sampled_without_its_adapter_stops_the_run(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hf engine's sync is the switch to the agent's adapter before it samples; skipped,
+    the engine samples the base. Before step 0 that passes (LoRA B starts at zero, so every
+    adapter is the base); the probe after step 0's update stops the run, naming the agent,
+    the engine and the fix (test_two_steps_... is the same run with the switch, passing)."""
+    from mappa.models.hf_engine import HfEngine
+    from mappa.models.sync_probe import StaleAdapterError
+
+    monkeypatch.setattr(HfEngine, "_weights", lambda self, agent: self.policies.use(None))
+    run_dir = tmp_path / "run"
+    with pytest.raises(StaleAdapterError) as err:
+        train(tiny_run_config(tiny_model_dir, run_dir))
+    message = str(err.value)
+    assert message.startswith(
+        "stale adapter for agent 'problem_solver' on the hf engine: before step 1's rollout"
+    )
+    assert "rollout.sync_tolerance" in message and "\n" not in message
+    assert f"No checkpoint was written in {run_dir}" in "\n".join(err.value.__notes__)
+    assert not (run_dir / "metrics.jsonl").exists()  # step 0 never finished
 
 
 @pytest.mark.parametrize(

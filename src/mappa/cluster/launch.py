@@ -213,7 +213,13 @@ def _start(
 
     first_engine = engines[names[0]]
     policies = RemotePolicies(trainers)
-    engine = RemoteEngine(engines, cfg.rollout.engine, shares_trainer=engines is trainers)
+    actor_names = {id(handle): name for name, handle, _ in actors.started}
+    engine = RemoteEngine(
+        engines,
+        cfg.rollout.engine,
+        shares_trainer=engines is trainers,
+        actor_names={a: actor_names[id(h)] for a, h in engines.items()},
+    )
     engine.sync(policies, 0)
     coach = None
     if cfg.rl.needs_coach:

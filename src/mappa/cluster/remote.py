@@ -160,16 +160,41 @@ class RemoteEngine:
     ``name`` is the engine inside the actors (``hf``, ``vllm``): how the sampling log-probs
     relate to the trainer's depends on it (``rl.recompute_old_logprobs``). ``shares_trainer``:
     the engines are the trainer actors themselves (``cluster.engines: trainer``), which sample
-    from the very modules they train, so ``sync`` has no weights to send.
+    from the very modules they train, so ``sync`` has no weights to send. ``actor_names``:
+    the Ray name of the actor that samples each agent, for messages.
     """
 
     def __init__(
-        self, engines: Mapping[str, ActorHandle], name: str, *, shares_trainer: bool
+        self,
+        engines: Mapping[str, ActorHandle],
+        name: str,
+        *,
+        shares_trainer: bool,
+        actor_names: Mapping[str, str],
     ) -> None:
         self.engines = dict(engines)
         self.agents = list(engines)
         self.name = name
         self.shares_trainer = shares_trainer
+        self.actor_names = dict(actor_names)
+        """Agent -> the Ray name of the actor that samples it (for messages)."""
+
+    def describe(self, agent: str) -> str:
+        return f"{self.name} engine on Ray actor {self.actor_names[agent]}"
+
+    def logprobs_of(
+        self,
+        agent: str | None,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+    ) -> list[list[float]]:
+        """The engine actor's log-probs of the given tokens (``RolloutEngine.logprobs_of``)."""
+        actor = self.engines[self.agents[0] if agent is None else agent]
+        ref: Any = actor.engine_logprobs_of.remote(
+            agent, [list(p) for p in prompt_ids], [list(c) for c in completion_ids]
+        )
+        out: list[list[float]] = wait(ref, f"probing {agent or 'the reference'}'s engine")
+        return out
 
     def generate(
         self,

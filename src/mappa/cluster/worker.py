@@ -113,6 +113,17 @@ class PolicyWorker:
             raise RuntimeError("this actor is not an engine")
         return self.engine.generate(agent, prompts, max_new_tokens, temperature, batch_size, greedy)
 
+    def engine_logprobs_of(
+        self,
+        agent: str | None,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+    ) -> list[list[float]]:
+        """The engine's own log-probs of given tokens (the driver's sync probe)."""
+        if self.engine is None:
+            raise RuntimeError("this actor is not an engine")
+        return self.engine.logprobs_of(agent, prompt_ids, completion_ids)
+
     def publish(self, step: int) -> None:
         """Serve the adapters now held (an in-actor vLLM engine reloads them; hf samples
         from them already)."""

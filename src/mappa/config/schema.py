@@ -17,6 +17,12 @@ AnswerFormat = Literal["boxed", "answer_line"]
 """How the final agent states its answer: its last ``\\boxed{}``, or its last ``Answer:`` line."""
 
 
+def read_off(cls: type, value: object) -> object:
+    """A ``before`` validator for a choice with an ``off`` value: YAML 1.1 reads a bare
+    ``off`` as false, so false is read back as ``"off"``."""
+    return "off" if value is False else value
+
+
 class ConfigError(ValueError):
     """A run configuration that cannot be used; the message names the file and the key."""
 
@@ -137,6 +143,21 @@ class RolloutConfig(Strict):
     )
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (training).")
     batch_size: int = Field(8, ge=1, description="Sequences generated together.")
+    sync_check: Literal["every", "off"] = Field(
+        "every",
+        description="After every sync of the engine with the trainer (and before the first "
+        "rollout), score a short fixed probe text with each agent's adapter on both and stop "
+        "the step when they differ by more than `sync_tolerance`: the engine would sample a "
+        "stale adapter (docs/engines.md, 'The sync probe'). `off`: no probe.",
+    )
+    sync_tolerance: float | None = Field(
+        None,
+        gt=0.0,
+        description="Largest max-abs log-prob gap on the probe a freshly synced engine may "
+        "show; null: by the model's dtype (1e-3 in float32, 0.05 in bfloat16/float16).",
+    )
+
+    _yaml_off = field_validator("sync_check", mode="before")(read_off)
 
 
 RESERVED_AGENT_NAMES = frozenset(
@@ -420,10 +441,7 @@ class CoachCacheConfig(Strict):
         None, description="SQLite file (default: coach_cache.sqlite in the user cache dir)."
     )
 
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _yaml_off(cls, value: object) -> object:
-        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
+    _yaml_off = field_validator("mode", mode="before")(read_off)
 
 
 class CoachPrices(Strict):

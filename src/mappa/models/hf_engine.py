@@ -2,14 +2,17 @@
 
 A peer of the vLLM engine (``vllm_engine.py``) behind ``RolloutEngine``, over the very
 modules the update trains (``AgentPolicies``): nothing is published on ``sync`` and
-nothing freed on ``release``. Generation is a plain sampling loop rather than transformers'
-``generate()`` so the log-probability of every sampled token is exactly that of the
+nothing freed on ``release``; the "sync" that can go wrong here is the switch to the
+agent's adapter before each batch, which the sync probe checks through ``logprobs_of``.
+Generation is a plain sampling loop rather than transformers' ``generate()`` so the
+log-probability of every sampled token is exactly that of the
 distribution it was drawn from (temperature only; no hidden top-k/top-p warpers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +44,47 @@ class HfEngine:
     def release(self) -> None:
         """Nothing to free: the engine is the trainer's own model."""
 
+    def describe(self, agent: str) -> str:
+        return "hf engine"
+
+    @contextmanager
+    def _weights(self, agent: str | None) -> Iterator[None]:
+        """The weights ``generate`` samples ``agent`` from, active meanwhile: the trainer's
+        modules with the agent's adapter switched on. ``logprobs_of`` takes the same path,
+        so the sync probe sees what the rollout samples (a wrong or stale adapter here)."""
+        with self.policies.use(agent):
+            yield
+
     def close(self) -> None:
         """Nothing to release: the model belongs to the trainer."""
+
+    @torch.no_grad()
+    def logprobs_of(
+        self,
+        agent: str | None,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+    ) -> list[list[float]]:
+        """The sampler's temperature-1 log-prob of each given completion token, through the
+        very forward ``generate`` samples with (the sync probe compares it with the
+        trainer's: ``mappa.models.sync_probe``)."""
+        seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
+        ids, mask, positions = left_pad(
+            seqs, self.policies.tokenizer.pad_token_id, self.policies.device
+        )
+        with self._weights(agent):
+            logits = self.policies.model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+            ).logits
+        logp = F.log_softmax(logits.float(), dim=-1)
+        width = ids.shape[1]
+        out = []
+        for row, c in enumerate(completion_ids):
+            # column j predicts column j + 1; the completion fills the last len(c) columns
+            cols = torch.arange(width - len(c) - 1, width - 1, device=logp.device)
+            targets = ids[row, width - len(c) :]
+            out.append(logp[row, cols].gather(-1, targets[:, None]).squeeze(-1).tolist())
+        return out
 
     @torch.no_grad()
     def generate(
@@ -60,7 +102,7 @@ class HfEngine:
         come back in the order of ``prompts``.
         """
         out: dict[int, Sample] = {}
-        with self.policies.use(agent):
+        with self._weights(agent):
             for rows in token_batches([len(p) for p in prompts], batch_size):
                 batch = [prompts[r] for r in rows]
                 samples = self._generate_batch(batch, max_new_tokens, temperature, greedy)

@@ -80,7 +80,9 @@ class AdapterSource(Protocol):
 class RolloutEngine(SamplingPolicy, Protocol):
     """The sampler of the rollout. ``sync`` is called after every update (and once before the
     first rollout) so that the next ``generate`` samples from the weights just trained; an
-    engine that samples from the trained modules themselves has nothing to do there."""
+    engine that samples from the trained modules themselves has nothing to do there. After
+    each sync the run checks the engine's ``logprobs_of`` against the trainer's
+    (``mappa.models.sync_probe``)."""
 
     name: str
     shares_trainer: bool
@@ -89,6 +91,21 @@ class RolloutEngine(SamplingPolicy, Protocol):
     log-probs never stand in for the old policy's (docs/algorithm.md §2)."""
 
     def sync(self, source: AdapterSource, step: int) -> None: ...
+
+    def logprobs_of(
+        self,
+        agent: str | None,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+    ) -> list[list[float]]:
+        """The temperature-1 log-prob of each given completion token under the very weights
+        ``generate`` samples ``agent`` from: what the sync probe compares with the trainer's
+        (``mappa.models.sync_probe``), so it must not take another path to the weights."""
+        ...
+
+    def describe(self, agent: str) -> str:
+        """Which engine serves ``agent``, as an error message names it (``hf engine``)."""
+        ...
 
     def release(self) -> None:
         """The update is about to run: free what the engine holds that the trainer could

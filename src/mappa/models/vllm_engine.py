@@ -24,9 +24,9 @@ Sampling semantics match ``AgentPolicies.generate`` (checked against vLLM 0.32):
   ``truncated`` is true when the completion does not end with one.
 * ``batch_size`` is ignored: vLLM schedules all prompts of a call itself.
 
-vLLM never applies the temperature to prompt log-probs, so ``logprobs_of`` (used by the
-tests to show that the engine serves the adapters just trained) returns temperature-1
-log-probs, to be compared with the trainer's at temperature 1.
+vLLM never applies the temperature to prompt log-probs, so ``logprobs_of`` (the sync probe's
+proof that the engine serves the adapters just trained: ``mappa.models.sync_probe``) returns
+temperature-1 log-probs, to be compared with the trainer's at temperature 1.
 
 ``VllmScoreDistribution`` lets the local coach score on this engine's base (adapters off),
 as the hf coach scores on the trainer's base with adapters off (``coach.local.engine``).
@@ -200,6 +200,9 @@ class VllmEngine:
             self.llm.wake_up()
             self.asleep = False
 
+    def describe(self, agent: str) -> str:
+        return "vllm engine"
+
     def _lora(self, agent: str | None) -> Any:
         self.wake()  # a request after ``release`` without a sync (none in train) still works
         if agent is None:
@@ -261,11 +264,15 @@ class VllmEngine:
         completion_ids: Sequence[Sequence[int]],
     ) -> list[list[float]]:
         """The engine's log-prob of each given completion token (vLLM prompt log-probs, at
-        temperature 1: vLLM never scales those), with the agent's served adapter."""
+        temperature 1: vLLM never scales those), with the agent's served adapter: what the
+        sync probe compares with the trainer's after every sync."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        # greedy: the one generated token is thrown away, and a greedy request draws no
+        # random number from the generator the rollout samples from (the sync probe calls
+        # this between rollouts). Prompt log-probs are the raw logits' at any temperature.
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         result = []
         # One request per call: with a LoRA, vLLM 0.32's CPU build computes prompt log-probs
         # of a batch of requests with one adapter index per request instead of per token.

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from mappa.coach import CoachBackend
     from mappa.models.interface import RolloutEngine, SamplingPolicy
     from mappa.models.policies import AgentPolicies
+    from mappa.models.sync_probe import SyncProbe
     from mappa.records import Episode
     from mappa.rl.kl import KLController
     from mappa.workflow.chat import ChatFormat
@@ -268,6 +269,26 @@ def make_engine(cfg: RunConfig, policies: AgentPolicies) -> RolloutEngine:
         engine.close()
         raise
     return engine
+
+
+def sync_probe(cfg: RunConfig, models: RunModels) -> SyncProbe | None:
+    """The check run after every sync of ``models.engine`` (``rollout.sync_check``; None when
+    off): the engine's log-probs of the probe text against the trainer's, agent by agent."""
+    if cfg.rollout.sync_check == "off":
+        return None
+    from mappa.models.loading import resolve_device, resolve_dtype
+    from mappa.models.sync_probe import SyncProbe, default_tolerance
+
+    dtype = resolve_dtype(cfg.model.dtype, resolve_device(cfg.model.device))
+    tolerance = cfg.rollout.sync_tolerance or default_tolerance(dtype)
+    return SyncProbe(
+        models.engine,
+        models.policies,
+        [a.name for a in cfg.agents],
+        models.tokenizer,
+        tolerance,
+        str(dtype).removeprefix("torch."),
+    )
 
 
 def make_runner(

@@ -27,6 +27,7 @@ from mappa.coach import CoachFatalError, CoachView, FallbackGuard, score_episode
 from mappa.coach.stats import NoSignalWatch
 from mappa.config import RunConfig
 from mappa.jsonl import append_jsonl, read_jsonl
+from mappa.models.sync_probe import StaleAdapterError
 from mappa.provenance import note_code
 from mappa.records import append_episodes
 from mappa.rl.kl import KLController
@@ -106,6 +107,7 @@ def train(
     )
     try:
         runner = build.make_runner(cfg, engine, models.tokenizer, run_dir / "workspaces")
+        probe = build.sync_probe(cfg, models)
     except BaseException:
         models.close()
         raise
@@ -120,6 +122,8 @@ def train(
         if start:
             engine.sync(adapters, start)  # the restored adapters
             signal_watch.replay(read_jsonl(run_dir / "metrics.jsonl"))  # cut back to ``start``
+        if probe is not None:  # the first sync (in building the engine, or just above)
+            log.info("sync probe before step %d: %s", start, probe.check(start))
         saved = start if resume is not None else -1
         before = evaluator.at_start(runner) if start == 0 else {}  # goes on step 0's line
         for step in tqdm(range(start, cfg.train.steps), desc="train", unit="step"):
@@ -149,6 +153,8 @@ def train(
                 coach_s=t_coach,
                 update_s=time.monotonic() - t0 - t_coach,
             )
+            if probe is not None:  # ... provably: a stale adapter stops the run here
+                metrics.update(probe.check(step + 1))  # its time is not in update_s
             metrics.update(evaluator.after_step(step, runner))
             append_jsonl(run_dir / "metrics.jsonl", [metrics])
             if live is not None:
@@ -160,7 +166,7 @@ def train(
                 saved = step + 1
         if saved != max(start, cfg.train.steps):  # before closing: Ray actors hold the state
             checkpoint.save_checkpoint(run_dir, max(start, cfg.train.steps), state)
-    except (CoachFatalError, NonFiniteError, WorkerLost) as err:  # a stop the user must act on
+    except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkerLost) as err:  # user acts
         err.add_note(checkpoint.resume_hint(run_dir))
         raise
     finally:

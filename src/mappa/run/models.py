@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from mappa.models.interface import AdapterSource, RolloutEngine
+from mappa.models.interface import AdapterSource, RolloutEngine, TrainablePolicy
 
 if TYPE_CHECKING:
     from mappa.coach import CoachBackend
@@ -18,9 +18,10 @@ if TYPE_CHECKING:
     from mappa.rl.kl import KLController
 
 
-class AdapterStore(AdapterSource, Protocol):
+class AdapterStore(AdapterSource, TrainablePolicy, Protocol):
     """The agents' adapters, saved and loaded as files (``AgentPolicies``, or the trainer
-    actors of a Ray run behind ``mappa.cluster``)."""
+    actors of a Ray run behind ``mappa.cluster``), and their log-probs (the reference the
+    sync probe holds the engine to)."""
 
     def load(self, directory: Path) -> None: ...
 
