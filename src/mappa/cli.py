@@ -657,12 +657,13 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     from mappa.coach import CoachFatalError
     from mappa.rl.update import NonFiniteError
+    from mappa.workflow.function import WorkflowFailed
 
     try:
         if args.command == "train":
             return _train(cfg, resume)
         return _eval(cfg, args)
-    except (CoachFatalError, NonFiniteError) as err:  # stops that need the user, not a bug
+    except (CoachFatalError, NonFiniteError, WorkflowFailed) as err:  # the user must act
         print(_stopped(err), file=sys.stderr)
         return 1
 

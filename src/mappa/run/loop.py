@@ -38,6 +38,7 @@ from mappa.run.metrics import rollout_metrics, step_line
 from mappa.run.models import RunModels, WorkerLost
 from mappa.run.tensorboard import ScalarLog
 from mappa.tasks.batches import TaskBatches
+from mappa.workflow.function import WorkflowFailed
 from mappa.workflow.interface import RolloutInput
 
 if TYPE_CHECKING:
@@ -160,7 +161,7 @@ def train(
                 saved = step + 1
         if saved != max(start, cfg.train.steps):  # before closing: Ray actors hold the state
             checkpoint.save_checkpoint(run_dir, max(start, cfg.train.steps), state)
-    except (CoachFatalError, NonFiniteError, WorkerLost) as err:  # a stop the user must act on
+    except (CoachFatalError, NonFiniteError, WorkerLost, WorkflowFailed) as err:  # user must act
         err.add_note(checkpoint.resume_hint(run_dir))
         raise
     finally:
