@@ -59,7 +59,8 @@ class FakeCharChat:
         return self.encode(f"{role}\n{text}\n")
 
     def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        return self.encode("".join(f"{m['role']}\n{m['content']}\n" for m in messages))
+        """A conversation, rendered as ``first_prompt`` renders a system and a user message."""
+        return self.encode("".join(f"{m['content']}\n" for m in messages))
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         return "".join(map(chr, ids))

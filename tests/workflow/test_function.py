@@ -199,3 +199,57 @@ def test_calls_the_config_does_not_allow_fail_the_episode(
     [episode] = _run(_runner(fn, policy, tmp_path, max_failed_share=1.0), ["x"]).episodes
     assert episode.error is not None and message in episode.error
     assert "TeamError" in episode.error and TeamError.__name__ == "TeamError"
+
+
+async def linear(task: str, team: Team) -> str | None:
+    """The preset pipeline below, written as a workflow."""
+    solution = await team.problem_solver(f"Problem: {task}")
+    return await team.verifier(f"Problem: {task}\n\nSolver: {solution}")
+
+
+def test_a_linear_team_as_a_workflow_samples_and_records_what_the_pipeline_does(
+    tmp_path: Path,
+) -> None:
+    from mappa.run.build import runner_for
+
+    agents = [
+        AgentConfig(name="problem_solver", role="You solve.", input_template="Problem: {task}"),
+        AgentConfig(
+            name="verifier",
+            role="You verify.",
+            input_template="Problem: {task}\n\nSolver: {problem_solver_output}",
+        ),
+    ]
+    cfg = RunConfig(agents=agents, sandbox=SandboxConfig(pool_size=1, timeout_s=5.0))
+    chat = FakeCharChat()
+    scripts = {"problem_solver": ["2 + 2 = 4"], "verifier": ["\\boxed{4}"]}
+    tasks = [Task(f"t{i}", f"What is 2 + {i}?", "4") for i in range(3)]
+    runs = {}
+    for kind in ("pipeline", "workflow"):
+        policy = FakeScriptedPolicy(chat.encode, scripts)
+        runner = (
+            runner_for(cfg, policy, chat, tmp_path / kind)  # type: ignore[arg-type]  # a fake chat
+            if kind == "pipeline"
+            else FunctionRunner(
+                linear,
+                policy,
+                chat,  # type: ignore[arg-type]  # a fake chat format
+                cfg.agents,
+                cfg.workflow,
+                sampling_params(cfg),
+                cfg.rollout.max_prompt_tokens,
+                make_sandbox_pool(cfg.sandbox),
+                tmp_path / kind,
+            )
+        )
+        try:
+            runs[kind] = (runner.run(RolloutInput(tasks)).episodes, policy.seen)
+        finally:
+            runner.close()
+    (pipe, pipe_batches), (flow, flow_batches) = runs["pipeline"], runs["workflow"]
+    assert flow_batches == pipe_batches  # the same generate calls, with the same prompts
+    for p, f in zip(pipe, flow, strict=True):
+        assert (f.correct, f.final_answer) == (p.correct, p.final_answer) == (True, "4")
+        for a, b in zip(p.actions, f.actions, strict=True):
+            fields = ("agent", "turn", "prompt_ids", "completion_ids", "prompt_text", "oracle")
+            assert [getattr(a, k) for k in fields] == [getattr(b, k) for k in fields]
