@@ -202,36 +202,76 @@ def test_calls_the_config_does_not_allow_fail_the_episode(
 
 
 async def linear(task: str, team: Team) -> str | None:
-    """The preset pipeline below, written as a workflow."""
+    """The two-agent preset of ``LINEAR``, written as a workflow."""
     solution = await team.problem_solver(f"Problem: {task}")
     return await team.verifier(f"Problem: {task}\n\nSolver: {solution}")
 
 
-def test_a_linear_team_as_a_workflow_samples_and_records_what_the_pipeline_does(
-    tmp_path: Path,
+async def with_tool_loop(task: str, team: Team) -> str | None:
+    """The three-agent preset of ``TOOL_LOOP`` (MathChat's shape), written as a workflow:
+    the code executor's tool loop continues its reply in token space (``follow_up``)."""
+    solution = await team.problem_solver(f"Problem: {task}")
+    reply = await team.code_executor(f"Problem: {task}\n\nSolver: {solution}")
+    observation = reply.observation
+    for _ in range(1):  # max_actions 2: one more turn after a run
+        if reply.observation is None:
+            break
+        reply = await team.follow_up(reply, team.tool_turn(reply))
+        observation = reply.observation or observation
+    return await team.verifier(f"Problem: {task}\n\nCode: {reply}\n\nOutput: {observation}")
+
+
+SOLVER = AgentConfig(name="problem_solver", role="You solve.", input_template="Problem: {task}")
+LINEAR = [
+    SOLVER,
+    AgentConfig(
+        name="verifier",
+        role="You verify.",
+        input_template="Problem: {task}\n\nSolver: {problem_solver_output}",
+    ),
+]
+TOOL_LOOP = [
+    SOLVER,
+    AgentConfig(
+        name="code_executor",
+        role="You run code.",
+        input_template="Problem: {task}\n\nSolver: {problem_solver_output}",
+        max_actions=2,
+        run_code=True,
+    ),
+    AgentConfig(
+        name="verifier",
+        role="You verify.",
+        input_template="Problem: {task}\n\nCode: {code_executor_output}\n\n"
+        "Output: {code_executor_observation}",
+    ),
+]
+SCRIPTS = {
+    "problem_solver": ["2 + 2 = 4"],
+    "code_executor": ["```python\nprint(2 + 2)\n```", "It printed 4."],
+    "verifier": ["\\boxed{4}"],
+}
+
+
+@pytest.mark.parametrize(
+    ("agents", "fn"), [(LINEAR, linear), (TOOL_LOOP, with_tool_loop)], ids=["linear", "tool-loop"]
+)
+def test_a_preset_team_as_a_workflow_samples_and_records_what_the_pipeline_does(
+    agents: list[AgentConfig], fn: WorkflowFn, tmp_path: Path
 ) -> None:
     from mappa.run.build import runner_for
 
-    agents = [
-        AgentConfig(name="problem_solver", role="You solve.", input_template="Problem: {task}"),
-        AgentConfig(
-            name="verifier",
-            role="You verify.",
-            input_template="Problem: {task}\n\nSolver: {problem_solver_output}",
-        ),
-    ]
     cfg = RunConfig(agents=agents, sandbox=SandboxConfig(pool_size=1, timeout_s=5.0))
     chat = FakeCharChat()
-    scripts = {"problem_solver": ["2 + 2 = 4"], "verifier": ["\\boxed{4}"]}
     tasks = [Task(f"t{i}", f"What is 2 + {i}?", "4") for i in range(3)]
     runs = {}
     for kind in ("pipeline", "workflow"):
-        policy = FakeScriptedPolicy(chat.encode, scripts)
+        policy = FakeScriptedPolicy(chat.encode, SCRIPTS)
         runner = (
             runner_for(cfg, policy, chat, tmp_path / kind)  # type: ignore[arg-type]  # a fake chat
             if kind == "pipeline"
             else FunctionRunner(
-                linear,
+                fn,
                 policy,
                 chat,  # type: ignore[arg-type]  # a fake chat format
                 cfg.agents,
@@ -248,8 +288,10 @@ def test_a_linear_team_as_a_workflow_samples_and_records_what_the_pipeline_does(
             runner.close()
     (pipe, pipe_batches), (flow, flow_batches) = runs["pipeline"], runs["workflow"]
     assert flow_batches == pipe_batches  # the same generate calls, with the same prompts
+    fields = ("agent", "turn", "prompt_ids", "completion_ids", "prompt_text", "oracle")
+    fields += ("tool_observation", "tool_status", "tool_stdout")
     for p, f in zip(pipe, flow, strict=True):
         assert (f.correct, f.final_answer) == (p.correct, p.final_answer) == (True, "4")
+        assert len(f.actions) == len(p.actions) == len(agents) + (fn is with_tool_loop)
         for a, b in zip(p.actions, f.actions, strict=True):
-            fields = ("agent", "turn", "prompt_ids", "completion_ids", "prompt_text", "oracle")
             assert [getattr(a, k) for k in fields] == [getattr(b, k) for k in fields]

@@ -32,7 +32,7 @@ from mappa.workflow.episodes import grade_episode, open_episodes
 from mappa.workflow.interface import Phase, RolloutInput, RolloutOutput, SamplingParams
 from mappa.workflow.outcome import judge
 from mappa.workflow.runner import execute_replies
-from mappa.workflow.team import Reply, StubBackend, Team, WorkflowFn, run_sync
+from mappa.workflow.team import Reply, StubBackend, Team, Thread, WorkflowFn, run_sync
 
 
 class WorkflowFailed(RuntimeError):
@@ -180,8 +180,11 @@ class _Rollout:
         for i, (call, sample, text) in enumerate(zip(calls, samples, texts, strict=True)):
             obs, status, stdout = runs[i]
             self.record(call, sample, text, obs, status, stdout)
+            ids = list(sample.prompt_ids) + list(sample.completion_ids)
+            last = sample.completion_ids[-1] if sample.completion_ids else None
+            thread = Thread(call.agent.name, call.messages, ids, last)
             if not call.reply.done():  # a sibling's exception may have ended its episode
-                call.reply.set_result(Reply(text, obs, status, stdout))
+                call.reply.set_result(Reply(text, obs, status, stdout, thread))
 
     def workspace(self, call: _Call) -> Workspace:
         return self.workspaces[self.episodes[call.episode].episode_id]
@@ -230,10 +233,19 @@ class _EpisodeBackend:
         self.rollout, self.episode = rollout, episode
 
     async def act(
-        self, agent: AgentConfig, turn: int, messages: list[dict[str, str]], run_code: bool
+        self,
+        agent: AgentConfig,
+        turn: int,
+        messages: list[dict[str, str]],
+        run_code: bool,
+        after: Thread | None = None,
     ) -> Reply:
         r = self.rollout.runner
-        prompt = r.chat.prompt(messages)
+        if after is None:
+            prompt = r.chat.prompt(messages)
+        else:
+            turn_ids = r.chat.tool_turn(messages[-1]["content"], last_token=after.last_token)
+            prompt = after.ids + turn_ids
         if len(prompt) > r.max_prompt_tokens:
             raise ValueError(
                 f"agent {agent.name}: prompt of {len(prompt)} tokens exceeds "

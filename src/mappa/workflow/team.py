@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from mappa.config import AgentConfig, WorkflowConfig
@@ -31,6 +32,23 @@ class TeamError(ValueError):
     ``max_actions``, malformed messages."""
 
 
+@dataclass(frozen=True)
+class Thread:
+    """The conversation a reply ended, as sampled: what ``Team.follow_up`` continues.
+
+    Attributes:
+        agent: who replied.
+        messages: the conversation as text (the system role first), without the reply.
+        ids: the prompt ids and the reply's ids exactly as sampled.
+        last_token: the reply's last id (None: an empty reply).
+    """
+
+    agent: str
+    messages: list[dict[str, str]]
+    ids: list[int]
+    last_token: int | None
+
+
 class Reply(str):
     """An agent's reply text, with its code run when the call ran code.
 
@@ -38,11 +56,13 @@ class Reply(str):
         observation: what the sandbox showed of the run (stdout, stderr, status); None: no code ran.
         status: how the run ended (``ok``, ``error``, ``timeout``, ``limit``); None: no code ran.
         stdout: what the programs printed on stdout alone; None: no code ran.
+        thread: the conversation it ended (None: a reply no team call returned).
     """
 
     observation: str | None
     status: ToolStatus | None
     stdout: str | None
+    thread: Thread | None
 
     def __new__(
         cls,
@@ -50,9 +70,11 @@ class Reply(str):
         observation: str | None = None,
         status: ToolStatus | None = None,
         stdout: str | None = None,
+        thread: Thread | None = None,
     ) -> Reply:
         reply = super().__new__(cls, text)
         reply.observation, reply.status, reply.stdout = observation, status, stdout
+        reply.thread = thread
         return reply
 
 
@@ -60,8 +82,16 @@ class TeamBackend(Protocol):
     """Answers the calls of one episode that ``Team`` has checked."""
 
     async def act(
-        self, agent: AgentConfig, turn: int, messages: list[dict[str, str]], run_code: bool
-    ) -> Reply: ...
+        self,
+        agent: AgentConfig,
+        turn: int,
+        messages: list[dict[str, str]],
+        run_code: bool,
+        after: Thread | None = None,
+    ) -> Reply:
+        """Prompt ``agent`` with ``messages``; ``after``: the thread they continue, whose ids
+        the prompt extends (``messages[-1]`` is then the new user turn)."""
+        ...
 
     def files(self) -> str: ...
 
@@ -121,6 +151,30 @@ class Team:
     async def call(self, agent: str, messages: Messages, *, run_code: bool | None = None) -> Reply:
         """Prompt ``agent`` with ``messages``; ``run_code`` (default: the agent's configured
         ``run_code``) runs the reply's code blocks in the episode's workspace."""
+        config, turn = self._next_turn(agent)
+        prompt = chat_messages(config.role, messages)
+        code = config.run_code if run_code is None else run_code
+        return await self._backend.act(config, turn, prompt, code)
+
+    async def follow_up(self, reply: Reply, message: str, *, run_code: bool | None = None) -> Reply:
+        """Continue the conversation ``reply`` ended with ``message`` as the next user turn,
+        in token space: the prompt is the earlier prompt and reply ids exactly as sampled,
+        then the user turn's ids (a preset's tool loop builds its turns the same way), so
+        nothing sampled is re-encoded. The same agent replies."""
+        if reply.thread is None:
+            raise TeamError("follow_up continues a Reply that a team call returned")
+        thread = reply.thread
+        config, turn = self._next_turn(thread.agent)
+        messages = [
+            *thread.messages,
+            {"role": "assistant", "content": str(reply)},
+            {"role": "user", "content": message},
+        ]
+        code = config.run_code if run_code is None else run_code
+        return await self._backend.act(config, turn, messages, code, thread)
+
+    def _next_turn(self, agent: str) -> tuple[AgentConfig, int]:
+        """``agent``'s config and the index of the call being made to it in this episode."""
         config = self._agents.get(agent)
         if config is None:
             raise TeamError(
@@ -134,9 +188,7 @@ class Team:
                 f"{config.max_actions} times in one episode"
             )
         self._turns[agent] = turn + 1
-        prompt = chat_messages(config.role, messages)
-        code = config.run_code if run_code is None else run_code
-        return await self._backend.act(config, turn, prompt, code)
+        return config, turn
 
     def __getattr__(self, name: str) -> Callable[..., Awaitable[Reply]]:
         if name.startswith("_"):
@@ -168,12 +220,18 @@ class StubBackend:
         self.calls: list[tuple[str, int]] = []
 
     async def act(
-        self, agent: AgentConfig, turn: int, messages: list[dict[str, str]], run_code: bool
+        self,
+        agent: AgentConfig,
+        turn: int,
+        messages: list[dict[str, str]],
+        run_code: bool,
+        after: Thread | None = None,
     ) -> Reply:
         self.calls.append((agent.name, turn))
+        thread = Thread(agent.name, messages, [], None)
         if not run_code:
-            return Reply(STUB_REPLY)
-        return Reply(STUB_REPLY, "(stub: no code was run)", "ok", "")
+            return Reply(STUB_REPLY, thread=thread)
+        return Reply(STUB_REPLY, "(stub: no code was run)", "ok", "", thread)
 
     def files(self) -> str:
         return "(stub: an empty workspace)"
