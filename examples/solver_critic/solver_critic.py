@@ -25,8 +25,7 @@ def accepts(verdict: str) -> bool:
 
 async def solve(task: str, team: Team) -> str | None:
     problem = f"Problem: {task}"
-    conversation = [{"role": "user", "content": problem}]
-    answer = await team.solver(conversation)
+    answer = await team.solver(problem)
     for _ in range(ROUNDS):
         verdict = await team.critic(
             f"{problem}\n\nProposed solution:\n{answer}\n\nReply ACCEPT if it is correct; "
@@ -34,13 +33,9 @@ async def solve(task: str, team: Team) -> str | None:
         )
         if accepts(verdict):
             break
-        conversation += [
-            {"role": "assistant", "content": answer},
-            {
-                "role": "user",
-                "content": f"A critic checked your solution:\n{verdict}\n\nRevise it and end "
-                "with the final answer as \\boxed{number}.",
-            },
-        ]
-        answer = await team.solver(conversation)
+        answer = await team.follow_up(  # the solver's own conversation goes on
+            answer,
+            f"A critic checked your solution:\n{verdict}\n\nRevise it and end with the final "
+            "answer as \\boxed{number}.",
+        )
     return answer
