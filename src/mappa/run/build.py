@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from mappa.workflow.function import FunctionRunner
     from mappa.workflow.interface import Rollout
     from mappa.workflow.runner import PipelineRunner
+    from mappa.workflow.team import WorkflowFn
 
 
 def load_policies(
@@ -306,15 +307,22 @@ def runner_for(
 
 
 def function_runner_for(
-    cfg: RunConfig, policy: SamplingPolicy, chat: ChatFormat, workspace_root: Path
+    cfg: RunConfig,
+    policy: SamplingPolicy,
+    chat: ChatFormat,
+    workspace_root: Path,
+    function: WorkflowFn | None = None,
 ) -> FunctionRunner:
-    """The runner of ``cfg``'s workflow function over any sampling policy and chat format."""
+    """The runner of ``cfg``'s workflow function (or of ``function``, given) over any
+    sampling policy and chat format."""
     from mappa.workflow.function import FunctionRunner, load_workflow
 
-    if cfg.workflow.function is None:
-        raise ValueError("workflow.function is not set: this config runs a preset pipeline")
+    if function is None:
+        if cfg.workflow.function is None:
+            raise ValueError("workflow.function is not set: this config runs a preset pipeline")
+        function = load_workflow(cfg.workflow.function)
     return FunctionRunner(
-        load_workflow(cfg.workflow.function),
+        function,
         policy,
         chat,
         cfg.agents,
