@@ -126,15 +126,15 @@ class _Rollout:
         self.workspaces, self.params = workspaces, params
         self.queue: list[_Call] = []
 
-    def backend(self, episode: int) -> _EpisodeBackend:
-        return _EpisodeBackend(self, episode)
-
     async def run_all(self, fn: WorkflowFn) -> list[asyncio.Task[str | None]]:
         """Every episode's workflow to its end, calls answered in batches."""
         r = self.runner
+        teams = [
+            Team(r.agents, _EpisodeBackend(self, i), r.workflow) for i in range(len(self.tasks))
+        ]
         runs = [
-            asyncio.ensure_future(fn(task.prompt, Team(r.agents, self.backend(i), r.workflow)))
-            for i, task in enumerate(self.tasks)
+            asyncio.ensure_future(fn(task.prompt, team))
+            for task, team in zip(self.tasks, teams, strict=True)
         ]
         while True:
             await _settle()
@@ -161,24 +161,19 @@ class _Rollout:
                     name, prompts, p.max_new_tokens, p.temperature, p.batch_size, p.greedy
                 )
         texts = [r.chat.decode(s.completion_ids) for s in samples]
-        coded = [i for i, c in enumerate(calls) if c.run_code]
-        runs: dict[int, tuple[str | None, ToolStatus | None, str | None]]
-        runs = dict.fromkeys(range(len(calls)), (None, None, None))
-        runs.update(
-            zip(
-                coded,
-                execute_replies(
-                    r.sandbox,
-                    [
-                        (self.workspace(calls[i]), calls[i].agent.name, calls[i].turn, texts[i])
-                        for i in coded
-                    ],
-                ),
-                strict=True,
+        ran = iter(
+            execute_replies(
+                r.sandbox,
+                [
+                    (self.workspace(c), c.agent.name, c.turn, text)
+                    for c, text in zip(calls, texts, strict=True)
+                    if c.run_code
+                ],
             )
         )
-        for i, (call, sample, text) in enumerate(zip(calls, samples, texts, strict=True)):
-            obs, status, stdout = runs[i]
+        runs = [next(ran) if c.run_code else (None, None, None) for c in calls]
+        for call, sample, text, run in zip(calls, samples, texts, runs, strict=True):
+            obs, status, stdout = run
             self.record(call, sample, text, obs, status, stdout)
             ids = list(sample.prompt_ids) + list(sample.completion_ids)
             last = sample.completion_ids[-1] if sample.completion_ids else None
