@@ -20,7 +20,7 @@ def test_the_solver_critic_example_trains_every_agent_one_step(
 ) -> None:
     from mappa.cli import main
 
-    monkeypatch.chdir(REPO)  # the config's coach template path is read from the repo root
+    monkeypatch.chdir(tmp_path)  # its module and coach template are found beside the config
     run_dir = tmp_path / "run"
     overrides = [
         f"model.path={tiny_model_dir}",

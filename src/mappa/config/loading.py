@@ -139,10 +139,27 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     workflow = raw.get("workflow")
     if isinstance(workflow, dict) and isinstance(workflow.get("function"), str):
         workflow["function"] = resolve_function(workflow["function"], path.parent)
+    coach = raw.get("coach")
+    if isinstance(coach, dict) and isinstance(coach.get("template"), str):
+        coach["template"] = resolve_beside(coach["template"], path.parent)
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, str(path))) from None
+
+
+def resolve_beside(file: str, config_dir: Path) -> str:
+    """A relative ``.yaml`` path that names a file beside the config file, as that file's
+    absolute path (a workflow's coach template travels with its config); anything else
+    (a shipped template's name, a path from the working directory) unchanged.
+
+    >>> resolve_beside("mathchat", Path("/nowhere"))
+    'mathchat'
+    """
+    beside = config_dir / file
+    if file.endswith((".yaml", ".yml")) and not Path(file).is_absolute() and beside.is_file():
+        return str(beside.resolve())
+    return file
 
 
 def resolve_function(spec: str, config_dir: Path) -> str:
