@@ -473,7 +473,8 @@ class CoachConfig(Strict):
         "mathchat",
         description="`mathchat`, `mathchat_brief` (the same judge, replying with its score "
         "line only: no written analysis, for slow local coaches), `dsbench`, or the path of "
-        "a YAML template of your own (checked at start: an unknown placeholder is an error).",
+        "a YAML template of your own (checked at start: an unknown placeholder is an error; a "
+        "relative path to a file beside the config file is read from there).",
     )
     observation_chars: int = Field(
         2000,
