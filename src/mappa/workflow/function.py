@@ -31,8 +31,16 @@ from mappa.workflow.chat import ChatFormat, plain_transcript
 from mappa.workflow.episodes import grade_episode, open_episodes
 from mappa.workflow.interface import Phase, RolloutInput, RolloutOutput, SamplingParams
 from mappa.workflow.outcome import judge
-from mappa.workflow.runner import execute_replies
-from mappa.workflow.team import Reply, StubBackend, Team, Thread, WorkflowFn, run_sync
+from mappa.workflow.runner import execute_replies, missing_artifacts
+from mappa.workflow.team import (
+    PromptTooLong,
+    Reply,
+    StubBackend,
+    Team,
+    Thread,
+    WorkflowFn,
+    run_sync,
+)
 
 
 class WorkflowFailed(RuntimeError):
@@ -242,7 +250,7 @@ class _EpisodeBackend:
             turn_ids = r.chat.tool_turn(messages[-1]["content"], last_token=after.last_token)
             prompt = after.ids + turn_ids
         if len(prompt) > r.max_prompt_tokens:
-            raise ValueError(
+            raise PromptTooLong(
                 f"agent {agent.name}: prompt of {len(prompt)} tokens exceeds "
                 f"rollout.max_prompt_tokens={r.max_prompt_tokens}"
             )
@@ -252,8 +260,14 @@ class _EpisodeBackend:
         )
         return await reply
 
+    def _workspace(self) -> Workspace:
+        return self.rollout.workspaces[self.rollout.episodes[self.episode].episode_id]
+
     def files(self) -> str:
-        return self.rollout.workspaces[self.rollout.episodes[self.episode].episode_id].describe()
+        return self._workspace().describe()
+
+    def has_file(self, name: str) -> bool:
+        return name in self._workspace().files
 
 
 class FunctionRunner:
@@ -307,6 +321,7 @@ class FunctionRunner:
             workspace = workspaces[ep.episode_id]
             for agent in self.agents:
                 self.sandbox.end(workspace, agent.name)
+            ep.missing_artifacts = missing_artifacts(workspace, self.agents)
             answer = None if done.exception() else done.result()
             if done.exception() is not None:
                 ep.error = "".join(traceback.format_exception(done.exception()))

@@ -104,7 +104,7 @@ class PipelineRunner:
             for ep, f in zip(episodes, fields, strict=True):
                 workspace = self.workspaces[ep.episode_id]
                 f["files"] = workspace.describe()
-                f["file_warnings"] = _missing_note(self._missing(workspace, self.agents[:k]))
+                f["file_warnings"] = missing_note(missing_artifacts(workspace, self.agents[:k]))
             final_stage = k == len(self.agents) - 1
             self._run_agent(agent, episodes, fields, params, tasks if final_stage else None)
             for ep in episodes:  # an agent acts in one stage only: its interpreters can go
@@ -112,7 +112,7 @@ class PipelineRunner:
         final = self.agents[-1].name
         for ep, task in zip(episodes, tasks, strict=True):
             workspace = self.workspaces[ep.episode_id]
-            ep.missing_artifacts = self._missing(workspace, self.agents)
+            ep.missing_artifacts = missing_artifacts(workspace, self.agents)
             grade_episode(
                 ep,
                 task,
@@ -124,15 +124,6 @@ class PipelineRunner:
             )
         tokens = sum(len(a.completion_ids) for e in episodes for a in e.actions)
         return RolloutOutput(episodes, tokens, time.monotonic() - start)
-
-    @staticmethod
-    def _missing(ws: Workspace, agents: Sequence[AgentConfig]) -> dict[str, list[str]]:
-        """Agent -> the files it owes (``produces``) that are not in the workspace."""
-        return {
-            a.name: missing
-            for a in agents
-            if (missing := [f for f in a.produces if f not in ws.files])
-        }
 
     def _run_agent(
         self,
@@ -295,7 +286,14 @@ def tool_status(results: Sequence[ExecutionResult]) -> ToolStatus:
     return "ok"
 
 
-def _missing_note(missing: dict[str, list[str]]) -> str:
+def missing_artifacts(ws: Workspace, agents: Sequence[AgentConfig]) -> dict[str, list[str]]:
+    """Agent -> the files it owes (``produces``) that are not in the workspace."""
+    return {
+        a.name: missing for a in agents if (missing := [f for f in a.produces if f not in ws.files])
+    }
+
+
+def missing_note(missing: dict[str, list[str]]) -> str:
     """The warning later agents see about files earlier agents did not deliver."""
     return "".join(
         f"WARNING: {', '.join(files)} expected from {agent} is missing.\n"

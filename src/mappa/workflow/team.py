@@ -32,6 +32,10 @@ class TeamError(ValueError):
     ``max_actions``, malformed messages."""
 
 
+class PromptTooLong(ValueError):
+    """A call's prompt exceeds ``rollout.max_prompt_tokens``; nothing was sampled."""
+
+
 @dataclass(frozen=True)
 class Thread:
     """The conversation a reply ended, as sampled: what ``Team.follow_up`` continues.
@@ -94,6 +98,8 @@ class TeamBackend(Protocol):
         ...
 
     def files(self) -> str: ...
+
+    def has_file(self, name: str) -> bool: ...
 
 
 WorkflowFn = Callable[[str, "Team"], Coroutine[Any, Any, str | None]]
@@ -209,6 +215,10 @@ class Team:
         """The episode's shared workspace: its files and which agent made each."""
         return self._backend.files()
 
+    def has_file(self, name: str) -> bool:
+        """Whether the episode's shared workspace holds a file of that name."""
+        return self._backend.has_file(name)
+
 
 STUB_REPLY = "(a stub reply: the pre-flight check runs no model)"
 
@@ -235,6 +245,9 @@ class StubBackend:
 
     def files(self) -> str:
         return "(stub: an empty workspace)"
+
+    def has_file(self, name: str) -> bool:
+        return False
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
