@@ -58,6 +58,10 @@ class FakeCharChat:
     def first_prompt(self, role: str, text: str) -> list[int]:
         return self.encode(f"{role}\n{text}\n")
 
+    def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """A conversation, rendered as ``first_prompt`` renders a system and a user message."""
+        return self.encode("".join(f"{m['content']}\n" for m in messages))
+
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:
         return "".join(map(chr, ids))
 

@@ -656,13 +656,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _setup_logging()
     from mappa.coach import CoachFatalError
+    from mappa.models.sync_probe import StaleAdapterError
     from mappa.rl.update import NonFiniteError
+    from mappa.workflow.function import WorkflowFailed
 
     try:
         if args.command == "train":
             return _train(cfg, resume)
         return _eval(cfg, args)
-    except (CoachFatalError, NonFiniteError) as err:  # stops that need the user, not a bug
+    except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkflowFailed) as err:
         print(_stopped(err), file=sys.stderr)
         return 1
 

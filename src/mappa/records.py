@@ -107,6 +107,9 @@ class Episode:
     metrics: dict[str, float] = field(default_factory=dict)  # outcome metrics (DSBench)
     coach_reference: str | None = None  # what the coach may see when judging the final agent
     missing_artifacts: dict[str, list[str]] = field(default_factory=dict)  # agent -> files it owed
+    error: str | None = None
+    """The traceback of a workflow function that raised in this episode (it is graded on
+    what it left); None where the episode ran to its end."""
 
     def agent_actions(self, agent: str) -> list[Action]:
         return [a for a in self.actions if a.agent == agent]

@@ -78,3 +78,28 @@ def test_preset_errors_name_the_problem(tmp_path: Path) -> None:
         load_config(write_yaml(tmp_path, "workflow: {preset: null}\n"))
     with pytest.raises(ConfigError, match=r"no list index or name 'nobody'"):
         load_config(default_config(), ["agents.nobody.max_actions=2"])
+
+
+def test_a_workflow_module_and_coach_template_are_found_beside_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    team = tmp_path / "teams"
+    team.mkdir()
+    (team / "duo.py").write_text("async def solve(task, team):\n    return None\n")
+    (tmp_path / "judge.yaml").write_text("system: s\nuser: u\n")
+    config = write_yaml(
+        tmp_path,
+        """
+        workflow: {function: teams/duo.py:solve}
+        agents: [{name: solver, role: You solve.}]
+        coach: {template: judge.yaml}
+        """,
+    )
+    monkeypatch.chdir(REPO)  # another directory than the config's
+    cfg = load_config(config)
+    assert cfg.workflow.function == f"{team / 'duo.py'}:solve"
+    assert cfg.coach.template == str(tmp_path / "judge.yaml")
+    assert cfg.workflow.preset is None and [a.name for a in cfg.agents] == ["solver"]
+    # a shipped template's name, a module on sys.path: left as they are
+    cfg = load_config(config, ["workflow.function=json:loads", "coach.template=mathchat"])
+    assert (cfg.workflow.function, cfg.coach.template) == ("json:loads", "mathchat")

@@ -238,3 +238,30 @@ def test_non_finite_guard_counts_only_steps_in_a_row() -> None:
     assert guard.counts == {"a": 1, "b": 0}
     with pytest.raises(NonFiniteError, match=r"'a'.*2 steps in a row \(up to step 3\)"):
         guard.check(3, bad)
+
+
+def test_a_run_whose_workflows_fail_stops_with_the_first_traceback(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """More failed workflows than workflow.max_failed_share: `mappa train` stops (exit 1)
+    naming the first traceback, after the dry run passed on stub replies."""
+    import yaml
+
+    from mappa.cli import main
+
+    team = tmp_path / "flaky_team.py"
+    team.write_text(
+        "from mappa.workflow.team import STUB_REPLY\n\n\n"
+        "async def solve(task, team):\n"
+        "    reply = await team.problem_solver(task)\n"
+        "    if reply != STUB_REPLY:  # a real model's reply: the bug shows\n"
+        "        raise ZeroDivisionError('the workflow broke')\n"
+    )
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", f"workflow.function={team}:solve")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    assert main(["train", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "4 of 4 episodes' workflows failed" in err
+    assert "ZeroDivisionError: the workflow broke" in err
+    assert "No checkpoint was written" in err  # the stop says what to do next

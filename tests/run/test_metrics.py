@@ -99,6 +99,10 @@ def test_rollout_metrics_hold_accuracy_agent_keys_and_the_coach_statistics(
     assert m["coach_health/signal_agents"] == 0 and m["coach_health/agents"] == len(names)
     assert m["coach_health/digit_mass"] == pytest.approx(0.9)
     assert "consecutive steps (coach.warn_no_signal_steps=1)" in caplog.text
+    assert "failed_episodes" not in m  # a preset pipeline has no workflow to fail
+    wrong.error = "Traceback ...\nZeroDivisionError"
+    cfg.workflow.function = "my_team:solve"
+    assert rollout_metrics(3, [right, wrong], scores, cfg, watch)["failed_episodes"] == 1
 
 
 @pytest.mark.parametrize(

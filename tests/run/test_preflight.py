@@ -450,3 +450,61 @@ def test_a_dead_coach_port_is_refused_before_the_first_rollout(
             preflight.coach_unreachable(tiny_run_config(tiny_model_dir, run_dir, *http, live))
             is None
         )
+
+
+# --- a workflow function: imported and dry-run with a stub team before any model loads ---
+
+SOLVER_CRITIC = """
+async def solve(task, team):
+    reply = await team.solver(task)
+    verdict = await team.{critic}(reply)
+    return None if "ACCEPT" in verdict else reply
+"""
+
+
+def _function_cfg(tmp_path: Path, module: str | None, function: str = "my_team:solve") -> RunConfig:
+    """A config beside ``my_team.py`` (``module``'s text; None: no such file)."""
+    if module is not None:
+        (tmp_path / "my_team.py").write_text(module)
+    raw = yaml.safe_load(default_config().read_text())
+    raw.update(
+        workflow={"function": function},
+        agents=[{"name": "critic", "role": "You check."}, {"name": "solver", "role": "You solve."}],
+    )
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    return load_config(tmp_path / "config.yaml", [HUB, "coach.cache.mode=off"])
+
+
+def test_a_workflow_function_beside_its_config_passes(tmp_path: Path) -> None:
+    cfg = _function_cfg(tmp_path, SOLVER_CRITIC.format(critic="critic"))
+    assert cfg.workflow.function == f"{tmp_path / 'my_team.py'}:solve"  # found beside it
+    assert cfg.workflow.preset is None  # no MathChat agents merged in
+    preflight.check(cfg)
+
+
+@pytest.mark.parametrize(
+    ("module", "function", "expected"),
+    [
+        (SOLVER_CRITIC.format(critic="judge"), "my_team:solve", "agent 'judge', which the "),
+        (SOLVER_CRITIC.format(critic="critic"), "my_team:nope", "has no async function 'nope'"),
+        (None, "no_such_team:solve", "cannot import no_such_team"),
+        ("import no_such_dependency\n", "my_team:solve", "No module named 'no_such_dependency'"),
+        (SOLVER_CRITIC.format(critic="critic") + "    1 / 0\n", "my_team:solve", ""),
+        (
+            "async def solve(task, team):\n    return int(await team.solver(task))\n",
+            "my_team:solve",
+            "my_team.py:2): ValueError: invalid literal",
+        ),
+    ],
+    ids=["unknown-agent", "no-such-function", "no-such-module", "import-fails", "ok", "raises"],
+)
+def test_a_bad_workflow_function_fails_before_any_model_loads(
+    tmp_path: Path, module: str | None, function: str, expected: str
+) -> None:
+    cfg = _function_cfg(tmp_path, module, function)
+    if not expected:  # a statement after return never runs: the dry run passes
+        preflight.check(cfg)
+        return
+    with pytest.raises(ConfigError, match="workflow.function") as err:
+        preflight.check(cfg)
+    assert expected in str(err.value)

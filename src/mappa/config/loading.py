@@ -105,18 +105,19 @@ def with_preset(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
 
     The preset is looked up after the overrides are applied (so ``workflow.preset=dsbench``
     on the command line works); the overrides are applied last so that they may address
-    the preset's agents by index or by name.
+    the preset's agents by index or by name. A config with a workflow ``function`` has no
+    preset unless it names one.
     """
     probe = apply_overrides(copy.deepcopy(raw), overrides)
     workflow = probe.get("workflow", {})
     if not isinstance(workflow, dict):
         raise ConfigError("workflow: must be a mapping")
-    preset = workflow.get("preset", WorkflowConfig.model_fields["preset"].default)
+    default = None if workflow.get("function") else WorkflowConfig.model_fields["preset"].default
+    preset = workflow.get("preset", default)
     if preset is not None and not isinstance(preset, str):
         raise ConfigError(f"workflow.preset: must be a preset name or a file path, not {preset!r}")
     merged = _merge(load_preset(preset), raw, "") if preset else raw
-    if preset:
-        merged.setdefault("workflow", {})["preset"] = preset
+    merged.setdefault("workflow", {})["preset"] = preset
     return apply_overrides(merged, overrides)
 
 
@@ -135,7 +136,46 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         raw = with_preset(raw, overrides or [])
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
+    workflow = raw.get("workflow")
+    if isinstance(workflow, dict) and isinstance(workflow.get("function"), str):
+        workflow["function"] = resolve_function(workflow["function"], path.parent)
+    coach = raw.get("coach")
+    if isinstance(coach, dict) and isinstance(coach.get("template"), str):
+        coach["template"] = resolve_beside(coach["template"], path.parent)
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, str(path))) from None
+
+
+def resolve_beside(file: str, config_dir: Path) -> str:
+    """A relative ``.yaml`` path that names a file beside the config file, as that file's
+    absolute path (a workflow's coach template travels with its config); anything else
+    (a shipped template's name, a path from the working directory) unchanged.
+
+    >>> resolve_beside("mathchat", Path("/nowhere"))
+    'mathchat'
+    """
+    beside = config_dir / file
+    if file.endswith((".yaml", ".yml")) and not Path(file).is_absolute() and beside.is_file():
+        return str(beside.resolve())
+    return file
+
+
+def resolve_function(spec: str, config_dir: Path) -> str:
+    """``workflow.function`` with its module found from the config file's directory: a
+    relative ``file.py`` path, or a module name with a ``<name>.py`` there, becomes that
+    file's absolute path (so the run's saved config, a resume, and a run started from
+    another directory all load the same file); anything else is left to ``sys.path``.
+
+    >>> resolve_function("my_team:solve", Path("/nowhere"))
+    'my_team:solve'
+    """
+    module, sep, attr = spec.partition(":")
+    if not sep:
+        return spec  # malformed: the workflow loader names the problem
+    if module.endswith(".py"):
+        file = Path(module).expanduser()
+        return f"{file if file.is_absolute() else (config_dir / file).resolve()}:{attr}"
+    beside = config_dir / f"{module.replace('.', '/')}.py"
+    return f"{beside.resolve()}:{attr}" if beside.is_file() else spec

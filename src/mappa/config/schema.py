@@ -188,17 +188,27 @@ class AgentConfig(Strict):
     name: str = Field(..., pattern=r"^[a-z][a-z0-9_]*$", description="Identifier, snake_case.")
     role: str = Field(..., min_length=1, description="System prompt: who the agent is.")
     input_template: str = Field(
-        ...,
+        "{task}",
         description=(
-            "What the agent sees, as a Python format string. Fields: `{task}` and, for every "
+            "What the agent sees in a preset's pipeline (a workflow function writes its "
+            "agents' messages itself), as a Python format string. Fields: `{task}` and, for every "
             "earlier agent X, `{X_output}` (its last message) and `{X_observation}` (its last "
             "tool output), `{files}` (the shared workspace's files and who made them) and "
             "`{file_warnings}` (files earlier agents owed but did not leave). Write literal "
             "braces as `{{` and `}}`."
         ),
     )
-    max_actions: int = Field(1, ge=1, description="Actions per episode (tool-loop length).")
-    run_code: bool = Field(False, description="Execute ```python blocks and show the output.")
+    max_actions: int = Field(
+        1,
+        ge=1,
+        description="Actions per episode (a preset's tool-loop length; a workflow function's "
+        "most calls to this agent in one episode).",
+    )
+    run_code: bool = Field(
+        False,
+        description="Execute ```python blocks and show the output (a workflow function's "
+        "default for `run_code` in its calls to this agent).",
+    )
     produces: list[str] = Field(
         default_factory=list,
         description="Files this agent must leave in the shared workspace (e.g. X_train.pkl). "
@@ -216,8 +226,8 @@ class AgentConfig(Strict):
 
 
 class WorkflowConfig(Strict):
-    """The pipeline around the agents: which preset it starts from and how tool output is
-    returned to an agent."""
+    """The team around the agents: a preset's linear pipeline or a workflow function
+    (docs/workflows.md), and how tool output is returned to an agent."""
 
     preset: str | None = Field(
         "mathchat",
@@ -225,7 +235,24 @@ class WorkflowConfig(Strict):
         "of the same shape: its agents, workflow settings and coach template are the "
         "defaults this config overrides. `agents` given as a list replaces the preset's; "
         "given as a mapping from agent name to fields, it changes only those fields. "
-        "null: no preset (`agents` must then be a full list).",
+        "null: no preset (`agents` must then be a full list). The default is null when "
+        "`function` is set.",
+    )
+    function: str | None = Field(
+        None,
+        description="A workflow function instead of the preset's pipeline: `module:function` "
+        "or `path/to/file.py:function`, an `async def f(task, team)` that calls the agents by "
+        "name and returns the final answer (docs/workflows.md). A relative path, or a module "
+        "beside the config file, is found in the config file's directory. null: the agents "
+        "run as a pipeline, in order.",
+    )
+    max_failed_share: float = Field(
+        0.25,
+        ge=0.0,
+        le=1.0,
+        description="With `function`: a rollout in which more than this share of the "
+        "episodes' workflows raised stops the run with the first traceback (fewer: those "
+        "episodes are marked failed, with their traceback, and the run goes on).",
     )
     tool_turn_template: str = Field(
         "Code output:\n```\n{observation}\n```\nContinue. If the result is final, answer "
@@ -464,7 +491,8 @@ class CoachConfig(Strict):
         "mathchat",
         description="`mathchat`, `mathchat_brief` (the same judge, replying with its score "
         "line only: no written analysis, for slow local coaches), `dsbench`, or the path of "
-        "a YAML template of your own (checked at start: an unknown placeholder is an error).",
+        "a YAML template of your own (checked at start: an unknown placeholder is an error; a "
+        "relative path to a file beside the config file is read from there).",
     )
     observation_chars: int = Field(
         2000,

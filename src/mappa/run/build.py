@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     from mappa.records import Episode
     from mappa.rl.kl import KLController
     from mappa.workflow.chat import ChatFormat
+    from mappa.workflow.function import FunctionRunner
+    from mappa.workflow.interface import Rollout
     from mappa.workflow.runner import PipelineRunner
+    from mappa.workflow.team import WorkflowFn
 
 
 def load_policies(
@@ -293,13 +296,15 @@ def sync_probe(cfg: RunConfig, models: RunModels) -> SyncProbe | None:
 
 def make_runner(
     cfg: RunConfig, engine: RolloutEngine, tokenizer: object, workspace_root: Path
-) -> PipelineRunner:
-    """The in-process rollout sampling from ``engine``; close it to end its sandboxes."""
+) -> Rollout:
+    """The in-process rollout sampling from ``engine``: the workflow function's
+    (``workflow.function``), else the preset pipeline's; close it to end its sandboxes."""
     from mappa.workflow.chat import ChatFormat
 
-    return runner_for(
-        cfg, engine, ChatFormat(tokenizer, cfg.model.chat_template_kwargs), workspace_root
-    )
+    chat = ChatFormat(tokenizer, cfg.model.chat_template_kwargs)
+    if cfg.workflow.function is not None:
+        return function_runner_for(cfg, engine, chat, workspace_root)
+    return runner_for(cfg, engine, chat, workspace_root)
 
 
 def runner_for(
@@ -309,6 +314,36 @@ def runner_for(
     from mappa.workflow.runner import PipelineRunner
 
     return PipelineRunner(
+        policy,
+        chat,
+        cfg.agents,
+        cfg.workflow,
+        sampling_params(cfg),
+        cfg.rollout.max_prompt_tokens,
+        make_sandbox_pool(cfg.sandbox),
+        workspace_root,
+        cfg.tasks.answer_format,
+        cfg.tasks.grade_timeout_s,
+    )
+
+
+def function_runner_for(
+    cfg: RunConfig,
+    policy: SamplingPolicy,
+    chat: ChatFormat,
+    workspace_root: Path,
+    function: WorkflowFn | None = None,
+) -> FunctionRunner:
+    """The runner of ``cfg``'s workflow function (or of ``function``, given) over any
+    sampling policy and chat format."""
+    from mappa.workflow.function import FunctionRunner, load_workflow
+
+    if function is None:
+        if cfg.workflow.function is None:
+            raise ValueError("workflow.function is not set: this config runs a preset pipeline")
+        function = load_workflow(cfg.workflow.function)
+    return FunctionRunner(
+        function,
         policy,
         chat,
         cfg.agents,

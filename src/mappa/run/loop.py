@@ -39,6 +39,7 @@ from mappa.run.metrics import rollout_metrics, step_line
 from mappa.run.models import RunModels, WorkerLost
 from mappa.run.tensorboard import ScalarLog
 from mappa.tasks.batches import TaskBatches
+from mappa.workflow.function import WorkflowFailed
 from mappa.workflow.interface import RolloutInput
 
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ def train(
                 saved = step + 1
         if saved != max(start, cfg.train.steps):  # before closing: Ray actors hold the state
             checkpoint.save_checkpoint(run_dir, max(start, cfg.train.steps), state)
-    except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkerLost) as err:  # user acts
+    except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkerLost, WorkflowFailed) as err:
         err.add_note(checkpoint.resume_hint(run_dir))
         raise
     finally:

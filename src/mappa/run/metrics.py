@@ -100,12 +100,15 @@ def rollout_metrics(
     watch: NoSignalWatch,
 ) -> dict[str, Any]:
     """The metrics of one scored rollout: accuracy, the per-agent keys, the coach's cost,
-    bias and health (``watch`` warns on a long run of steps without signal)."""
+    bias and health (``watch`` warns on a long run of steps without signal), and with a
+    workflow function the episodes whose workflow raised (``failed_episodes``)."""
     names = [a.name for a in cfg.agents]
     graded = [e.correct for e in episodes if e.correct is not None]
     out: dict[str, Any] = {"step": step, "episodes": len(episodes)}
     out["accuracy"] = mean(graded) if graded else None
     out.update(agent_metrics(episodes, cfg.agents, cfg.tasks.answer_format))
+    if cfg.workflow.function is not None:  # episodes whose workflow raised (Episode.error)
+        out["failed_episodes"] = sum(e.error is not None for e in episodes)
     prices = cfg.coach.price_per_mtok
     out.update(accounting(scores, prices.prompt, prices.completion))
     out.update(bias(episodes, names[-1]))

@@ -165,6 +165,35 @@ def _rule_problem(cfg: RunConfig) -> str | None:
     return None
 
 
+def _workflow_problem(cfg: RunConfig) -> str | None:
+    """The workflow function imports and runs on one task with a stub team
+    (``mappa.workflow.function.dry_run``): a call to an agent the config does not define,
+    past its ``max_actions``, or an exception on stub replies is found here, before a
+    model loads, naming the workflow's line that made it."""
+    import traceback
+
+    from mappa.workflow.function import dry_run, load_workflow
+
+    spec = cfg.workflow.function
+    if spec is None:
+        return None
+    try:
+        fn = load_workflow(spec)
+    except ValueError as err:
+        return str(err)
+    try:
+        dry_run(fn, cfg.agents, cfg.workflow)
+    except Exception as err:  # the user's code: any error is a problem to name
+        frames = traceback.extract_tb(err.__traceback__)
+        package = str(Path(__file__).parents[1])
+        where = ([f for f in frames if not f.filename.startswith(package)] or frames)[-1]
+        return (
+            f"workflow.function: {spec} failed a dry run on one task with stub replies "
+            f"({where.filename}:{where.lineno}): {type(err).__name__}: {err}"
+        )
+    return None
+
+
 def _coach_problems(cfg: RunConfig) -> list[str]:
     import os
 
@@ -278,9 +307,9 @@ def check(cfg: RunConfig) -> None:
     known, installed ``pypi:`` package, a model directory, or an HF id), the device, the
     coach URL, its API-key variable and its cache's directory, the rollout engine's package
     (vLLM), Ray for a ``cluster`` section, the estimated GPU memory against the card
-    (``footprint``), the sandbox backend, the
-    task files (errors name the file and line; duplicate ids are refused). Warns about a
-    learning rate too small to move a LoRA adapter.
+    (``footprint``), the sandbox backend, the workflow function (imported and dry-run with
+    a stub team), the task files (errors name the file and line; duplicate ids are
+    refused). Warns about a learning rate too small to move a LoRA adapter.
     """
     from mappa.config import ConfigError
 
@@ -294,6 +323,7 @@ def check(cfg: RunConfig) -> None:
         *_coach_problems(cfg),
         *_sandbox_problems(cfg.sandbox),
         *_task_problems(cfg),
+        _workflow_problem(cfg),
     ]
     found = [p for p in problems if p is not None]
     if len(found) == 1:

@@ -66,10 +66,14 @@ class ChatFormat:
 
     def first_prompt(self, system: str, user: str) -> list[int]:
         """Ids of ``system`` + ``user`` messages followed by the assistant header."""
-        text = self._render(
-            [{"role": "system", "content": system}, {"role": "user", "content": user}], True
+        return self.prompt(
+            [{"role": "system", "content": system}, {"role": "user", "content": user}]
         )
-        return self.encode(text)
+
+    def prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """Ids of a whole conversation followed by the assistant header (a workflow
+        function's call: the messages it wrote, earlier replies among them as text)."""
+        return self.encode(self._render([dict(m) for m in messages], True))
 
     def tool_turn(
         self,

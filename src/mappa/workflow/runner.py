@@ -10,7 +10,6 @@ sandbox pool is injected (built by ``mappa.factory``) and closed with the runner
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,8 +30,8 @@ from mappa.sandbox import (
 from mappa.tasks import Task
 from mappa.text import cut_middle
 from mappa.workflow.chat import ChatFormat, plain_transcript
+from mappa.workflow.episodes import grade_episode, open_episodes
 from mappa.workflow.interface import Phase, RolloutInput, RolloutOutput, SamplingParams
-from mappa.workflow.oracle import action_verdict
 from mappa.workflow.outcome import judge
 
 _Run = tuple[str | None, ToolStatus | None, str | None]
@@ -98,35 +97,14 @@ class PipelineRunner:
         start = time.monotonic()
         tasks, step = batch.tasks, batch.step
         params = self.sampling[batch.phase]
-        episodes = []
-        self.workspaces = {}
-        for i, task in enumerate(tasks):
-            eid = f"s{step}-e{i}"
-            ws = self.workspace_root / batch.phase / f"step{step}" / eid
-            shutil.rmtree(ws, ignore_errors=True)
-            ws.mkdir(parents=True)
-            if task.dsbench is not None:  # the task's inputs, present before anyone acts
-                for name, source in task.dsbench.agent_files().items():
-                    shutil.copyfile(source, ws / name)
-            self.workspaces[eid] = Workspace(ws)
-            episodes.append(
-                Episode(
-                    eid,
-                    task.task_id,
-                    task.prompt,
-                    task.answer,
-                    step=step,
-                    task_type=task.task_type,
-                    workspace=str(ws),
-                )
-            )
+        episodes, self.workspaces = open_episodes(tasks, step, batch.phase, self.workspace_root)
         fields: list[dict[str, str]] = [{"task": t.prompt} for t in tasks]
         desc = f"{batch.phase} rollout step {step}"
         for k, agent in enumerate(tqdm(self.agents, desc=desc, leave=False)):
             for ep, f in zip(episodes, fields, strict=True):
                 workspace = self.workspaces[ep.episode_id]
                 f["files"] = workspace.describe()
-                f["file_warnings"] = _missing_note(self._missing(workspace, self.agents[:k]))
+                f["file_warnings"] = missing_note(missing_artifacts(workspace, self.agents[:k]))
             final_stage = k == len(self.agents) - 1
             self._run_agent(agent, episodes, fields, params, tasks if final_stage else None)
             for ep in episodes:  # an agent acts in one stage only: its interpreters can go
@@ -134,36 +112,18 @@ class PipelineRunner:
         final = self.agents[-1].name
         for ep, task in zip(episodes, tasks, strict=True):
             workspace = self.workspaces[ep.episode_id]
-            ep.missing_artifacts = self._missing(workspace, self.agents)
-            outcome = judge(
+            ep.missing_artifacts = missing_artifacts(workspace, self.agents)
+            grade_episode(
+                ep,
                 task,
                 ep.agent_actions(final)[-1].completion_text,
+                final,
                 workspace.path,
                 self.answer_format,
                 self.grade_timeout_s,
             )
-            ep.correct, ep.final_answer = outcome.correct, outcome.final_answer
-            ep.grader_timed_out = outcome.grader_timed_out
-            ep.metrics, ep.coach_reference = outcome.metrics, outcome.reference
-            for action in ep.actions:
-                action.oracle = action_verdict(
-                    action,
-                    is_final=action.agent == final,
-                    reference=task.answer,
-                    answer_format=self.answer_format,
-                    timeout_s=self.grade_timeout_s,
-                )
         tokens = sum(len(a.completion_ids) for e in episodes for a in e.actions)
         return RolloutOutput(episodes, tokens, time.monotonic() - start)
-
-    @staticmethod
-    def _missing(ws: Workspace, agents: Sequence[AgentConfig]) -> dict[str, list[str]]:
-        """Agent -> the files it owes (``produces``) that are not in the workspace."""
-        return {
-            a.name: missing
-            for a in agents
-            if (missing := [f for f in a.produces if f not in ws.files])
-        }
 
     def _run_agent(
         self,
@@ -273,25 +233,45 @@ class PipelineRunner:
     def _execute_all(
         self, episode_ids: list[str], texts: list[str], agent: AgentConfig, turn: int
     ) -> list[_Run]:
-        """Run every episode's code blocks in its workspace (episodes in parallel, blocks in
-        order): (observation, status, stdout) per message, all None where a message has no
-        code, which ends that agent's tool loop. The stdout is every block's, in order."""
-        runs: list[_Run] = [(None, None, None)] * len(texts)
+        """Run every episode's code blocks (``execute_replies``); all None where the agent
+        runs no code."""
         if not agent.run_code:
-            return runs
-        jobs, where = [], []
-        for i, (eid, text) in enumerate(zip(episode_ids, texts, strict=True)):
-            blocks = extract_code_blocks(text)
-            if blocks:
-                jobs.append(Job(self.workspaces[eid], agent.name, turn, blocks))
-                where.append(i)
-        for i, results in zip(where, self.sandbox.run(jobs), strict=True):
-            runs[i] = (
-                "\n".join(r.observation() for r in results),
-                tool_status(results),
-                "\n".join(r.stdout for r in results),
-            )
-        return runs
+            return [(None, None, None)] * len(texts)
+        return execute_replies(
+            self.sandbox,
+            [
+                (self.workspaces[eid], agent.name, turn, text)
+                for eid, text in zip(episode_ids, texts, strict=True)
+            ],
+        )
+
+
+def execute_replies(
+    pool: SandboxPool, replies: Sequence[tuple[Workspace, str, int, str]]
+) -> list[_Run]:
+    """Run each reply's code blocks in its workspace (replies in parallel, blocks in order).
+
+    Args:
+        replies: (workspace, agent, turn, reply text) per reply.
+
+    Returns:
+        (observation, status, stdout) per reply, all None where a reply has no code (which
+        ends a preset agent's tool loop). The stdout is every block's, in order.
+    """
+    runs: list[_Run] = [(None, None, None)] * len(replies)
+    jobs, where = [], []
+    for i, (workspace, agent, turn, text) in enumerate(replies):
+        blocks = extract_code_blocks(text)
+        if blocks:
+            jobs.append(Job(workspace, agent, turn, blocks))
+            where.append(i)
+    for i, results in zip(where, pool.run(jobs), strict=True):
+        runs[i] = (
+            "\n".join(r.observation() for r in results),
+            tool_status(results),
+            "\n".join(r.stdout for r in results),
+        )
+    return runs
 
 
 def tool_status(results: Sequence[ExecutionResult]) -> ToolStatus:
@@ -306,7 +286,14 @@ def tool_status(results: Sequence[ExecutionResult]) -> ToolStatus:
     return "ok"
 
 
-def _missing_note(missing: dict[str, list[str]]) -> str:
+def missing_artifacts(ws: Workspace, agents: Sequence[AgentConfig]) -> dict[str, list[str]]:
+    """Agent -> the files it owes (``produces``) that are not in the workspace."""
+    return {
+        a.name: missing for a in agents if (missing := [f for f in a.produces if f not in ws.files])
+    }
+
+
+def missing_note(missing: dict[str, list[str]]) -> str:
     """The warning later agents see about files earlier agents did not deliver."""
     return "".join(
         f"WARNING: {', '.join(files)} expected from {agent} is missing.\n"
