@@ -52,8 +52,13 @@ install-smollm2: $(VENV)/.mappa-smollm2
 	touch $@
 
 # Only the coach-server tests and users of a local llama.cpp coach need this.
+# llama.cpp is compiled for this CPU but without its AMX kernels: on Xeons with AMX they die
+# of SIGILL (a tile instruction in a worker thread) where the tile state is not granted,
+# which kills the whole process. GCC keeps an explicit -mno-amx-* over -march=native. No pip
+# cache: a wheel built earlier with other flags would be reused.
+LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
 $(VENV)/.mappa-coach-server: $(VENV)/.mappa-installed
-	$(BIN)/python -m pip install --quiet -e '.[coach-server]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/python -m pip install --quiet --no-cache-dir -e '.[coach-server]'
 	touch $@
 
 # Training on Ray (a `cluster:` section; docs/scaling.md) and the cluster tests. torch is pinned
