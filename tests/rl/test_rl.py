@@ -846,6 +846,24 @@ def test_no_second_step_over_one_experience_on_own_forward_old_logprobs() -> Non
     assert policy_step(policy, "a", exp, sgd, params, several, 0.0).steps == 2
 
 
+def test_each_update_empties_the_cuda_cache_for_the_engine_that_wakes_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fake CUDA (``is_available`` and ``empty_cache`` replaced): every agent's update ends
+    by handing torch's cached blocks back, where a vLLM engine wakes next on the card."""
+    emptied: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    policy = FakeTablePolicy(["a", "b"])
+    items = scored_actions(_episodes(policy), exclude_flagged=True)
+    cfg = RLConfig(kl_beta=0.0)
+    exp = make_experience(policy, items, cfg, 0.0, 1.0)
+    for n, agent in enumerate(["a", "b"], start=1):
+        params = [policy.tables[agent]]
+        policy_step(policy, agent, exp, torch.optim.SGD(params, lr=0.1), params, cfg, 0.0)
+        assert len(emptied) == n
+
+
 def test_mini_batches_are_a_seeded_shuffle_of_every_row() -> None:
     from types import SimpleNamespace
 
