@@ -344,7 +344,8 @@ def _paper_runs() -> list[tuple[str, RunConfig]]:
 def test_every_paper_run_checkpoints_and_fits_the_card_it_names() -> None:
     """Each paper run checkpoints, bounds its micro-batches by tokens, turns Qwen3's
     thinking off, names an 80 GB card and fits it by the pre-flight estimate; an
-    in-process vLLM leaves the trainer its optimizer state (utilization well under 0.85)."""
+    in-process vLLM leaves the trainer its optimizer state (utilization well under 0.85)
+    and decodes with CUDA graphs (not eager)."""
     runs = _paper_runs()
     names = [name for name, _ in runs]
     assert "mathchat_paper.yaml" in names and len(names) >= 1 + 9
@@ -358,6 +359,7 @@ def test_every_paper_run_checkpoints_and_fits_the_card_it_names() -> None:
         assert fp.problem() is None, (name, fp.table())
         if cfg.rollout.engine == "vllm":
             assert cfg.rollout.vllm.gpu_memory_utilization <= 0.75, name
+        assert not cfg.rollout.vllm.enforce_eager, name  # CUDA graphs on a GPU
 
 
 def test_the_h200_recipe_of_docs_scaling_fits_141_gb_and_not_80() -> None:
