@@ -386,6 +386,43 @@ def test_the_h200_recipe_of_docs_scaling_fits_141_gb_and_not_80() -> None:
     assert preflight._memory_problem(cfg) is not None  # the same on the shipped 79 GiB card
 
 
+def _recipes() -> list[dict[str, str]]:
+    """The per-card recipe table of docs/scaling.md, one dict per row (header -> cell)."""
+    doc = Path(__file__).resolve().parents[2] / "docs" / "scaling.md"
+    lines = [ln for ln in doc.read_text().splitlines() if ln.startswith("| ")]
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("| card | layout |"))
+    header = [c.strip().replace("`", "") for c in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 1 :]:
+        cells = [c.strip().replace("`", "") for c in line.strip("|").split("|")]
+        if not cells[0].startswith("H"):
+            break
+        rows.append(dict(zip(header, cells, strict=True)))
+    return rows
+
+
+def test_each_card_recipe_of_docs_scaling_fits_its_card() -> None:
+    """Every row of the recipe table (H100 80 GB, H200 141 GB) is accepted by the pre-flight
+    estimate on its card, with vLLM and with the hf engine at the row's batch."""
+    recipes = _recipes()
+    assert {r["card"].split()[0] for r in recipes} >= {"H100", "H200"}
+    for row in recipes:
+        assert row["layout"].startswith("one process")  # what the estimate models
+        values = [
+            f"model.gpu_memory_gib={row['model.gpu_memory_gib']}",
+            f"rollout.vllm.gpu_memory_utilization={row['gpu_memory_utilization']}",
+            f"rl.micro_batch_tokens={row['rl.micro_batch_tokens'].replace(',', '')}",
+            f"rollout.batch_size={row['rollout.batch_size (hf)']}",
+        ]
+        for engine in ("vllm", "hf"):
+            cfg = load_config(
+                SHIPPED / "mathchat_paper.yaml", [*values, f"rollout.engine={engine}"]
+            )
+            assert not cfg.rollout.vllm.enforce_eager
+            fp = preflight.footprint(cfg)
+            assert fp is not None and fp.problem() is None, (row["card"], engine, fp.table())
+
+
 @pytest.mark.parametrize(
     ("override", "names"),
     [
