@@ -8,7 +8,7 @@ import math
 import subprocess
 import sys
 from dataclasses import fields
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 import torch
@@ -862,6 +862,40 @@ def test_each_update_empties_the_cuda_cache_for_the_engine_that_wakes_next(
         params = [policy.tables[agent]]
         policy_step(policy, agent, exp, torch.optim.SGD(params, lr=0.1), params, cfg, 0.0)
         assert len(emptied) == n
+
+
+class FakeConcurrentTablePolicy(FakeTablePolicy):
+    """A fake ``ConcurrentLogprobs``: records each batch of requests, then serves them."""
+
+    def __init__(self, agents: list[str]) -> None:
+        super().__init__(agents)
+        self.batches: list[list[Any]] = []
+
+    def completion_logprobs_many(self, requests: Any, temperature: float) -> list[Any]:
+        self.batches.append(list(requests))
+        return [
+            self.completion_logprobs(r.agent, r.prompt_ids, r.completion_ids, temperature)
+            for r in requests
+        ]
+
+
+def test_the_old_and_reference_passes_go_out_at_once_naming_each_rows_agent() -> None:
+    """A policy that runs passes concurrently (Ray trainers) gets each pass's requests in one
+    call, the reference's marked with the agent whose rows they are, and the experience is
+    the one the pass-by-pass loop makes."""
+    cfg = RLConfig(kl_beta=0.1, mini_batch_size=1, micro_batch_size=1)
+    serial = FakeTablePolicy(["a", "b"])
+    items = scored_actions(_episodes(serial), exclude_flagged=True)
+    concurrent = FakeConcurrentTablePolicy(["a", "b"])
+    concurrent.tables = serial.tables
+    want = make_experience(serial, items, cfg, 0.1, 1.0)
+    got = make_experience(concurrent, items, cfg, 0.1, 1.0)
+    assert got.old is not None and want.old is not None and torch.equal(got.old, want.old)
+    assert torch.equal(got.ref, want.ref)
+    assert len(concurrent.batches) == 2  # the old pass, the reference pass
+    old, ref = concurrent.batches
+    assert [r.agent for r in old] == [r.owner for r in old] and len(old) > 2
+    assert {r.agent for r in ref} == {None} and {r.owner for r in ref} == {"a", "b"}
 
 
 def test_mini_batches_are_a_seeded_shuffle_of_every_row() -> None:

@@ -22,7 +22,7 @@ from ray.exceptions import ObjectLostError, RayActorError
 
 from mappa.coach.context import CoachContext
 from mappa.config import RLConfig
-from mappa.models.interface import AdapterSource, Sample, TokenLogprobs
+from mappa.models.interface import AdapterSource, LogprobRequest, Sample, TokenLogprobs
 from mappa.records import Score
 from mappa.rl.experience import Experience
 from mappa.rl.update import UpdateStats
@@ -81,6 +81,22 @@ class RemotePolicies:
             temperature, with_entropy,
         )  # fmt: skip
         out: TokenLogprobs = wait(ref, f"log-probs of {agent or 'the reference'}")
+        return out
+
+    def completion_logprobs_many(
+        self, requests: Sequence[LogprobRequest], temperature: float
+    ) -> list[TokenLogprobs]:
+        """Every no-grad pass of a step's experience at once (``ConcurrentLogprobs``), each
+        on the trainer of the rows' agent: the reference too (every trainer holds the same
+        base), so the agents' trainers share the reference passes and all run in parallel
+        instead of one micro-batch at a time."""
+        refs = [
+            self.trainers[r.owner].completion_logprobs.remote(
+                r.agent, r.prompt_ids, r.completion_ids, temperature, False
+            )
+            for r in requests
+        ]
+        out: list[TokenLogprobs] = wait(refs, "the experience's log-prob passes")
         return out
 
     def policy_steps(
