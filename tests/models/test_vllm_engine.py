@@ -513,3 +513,76 @@ def test_sleep_during_update_is_refused_where_vllm_has_no_sleep_mode(
     cfg = _config(vllm_model_dir, tmp_path / "run", "rollout.vllm.sleep_during_update=true")
     with pytest.raises(ValueError, match=r"rollout\.vllm\.sleep_during_update.*no sleep mode"):
         VllmEngine(cfg, object(), stop_ids=[0])
+
+
+class FakeLLM:
+    """The fake of ``vllm.LLM``: records the LoRA adapters added and removed."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.llm_engine = self
+        self.loras: dict[int, Any] = {}
+
+    def add_lora(self, request: Any) -> bool:
+        self.loras[request.lora_int_id] = request
+        return True
+
+    def remove_lora(self, lora_id: int) -> None:
+        del self.loras[lora_id]
+
+
+@dataclasses.dataclass
+class FakeLoRARequest:
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
+class FakeOneAgentSource:
+    """The fake of one Ray engine actor's policies (``cluster.engines: per_agent``): the
+    tokenizer, stop tokens and the adapter of its one agent only."""
+
+    def __init__(self, agent: str) -> None:
+        self.agents = [agent]
+        self.tokenizer = dataclasses.make_dataclass("Tok", [("eos_token_id", int)])(0)
+        self.stop_ids = [0]
+
+    def save(self, directory: Path) -> dict[str, Path]:
+        (directory / self.agents[0]).mkdir(parents=True)
+        return {self.agents[0]: directory / self.agents[0]}
+
+
+def test_a_one_agent_vllm_engine_syncs_its_agent_only(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A per-agent engine actor holds one agent's adapter: the engine it builds serves that
+    agent, not every agent of the config (whose sync would find the others missing). The
+    vLLM library is replaced by fakes, so this runs without vLLM."""
+    import sys
+    import types
+
+    from mappa.run import build
+
+    fake = {
+        "vllm": types.SimpleNamespace(LLM=FakeLLM),
+        "vllm.lora": types.SimpleNamespace(),
+        "vllm.lora.request": types.SimpleNamespace(LoRARequest=FakeLoRARequest),
+        "vllm.platforms": types.SimpleNamespace(
+            current_platform=types.SimpleNamespace(is_sleep_mode_available=lambda: False)
+        ),
+        "vllm.v1.sample.logits_processor": types.SimpleNamespace(AdapterLogitsProcessor=object),
+    }
+    for name, module in fake.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    cfg = _config(tiny_model_dir, tmp_path / "run")
+    assert len(cfg.agents) > 1
+    engine: Any = build.make_engine(cfg, FakeOneAgentSource("verifier"))  # type: ignore[arg-type]
+    try:
+        assert engine.agents == ["verifier"]
+        assert engine.llm.kwargs["max_loras"] == 1
+        assert [r.lora_name for r in engine.llm.loras.values()] == ["verifier@0"]
+        engine.sync(FakeOneAgentSource("verifier"), 1)
+        assert [r.lora_name for r in engine.llm.loras.values()] == ["verifier@1"]
+    finally:
+        engine.__dict__.pop("llm")  # nothing to shut down
+        engine.close()

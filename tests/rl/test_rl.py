@@ -8,7 +8,7 @@ import math
 import subprocess
 import sys
 from dataclasses import fields
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 import torch
@@ -844,6 +844,58 @@ def test_no_second_step_over_one_experience_on_own_forward_old_logprobs() -> Non
         policy_step(policy, "a", dataclasses.replace(exp, old=None), sgd, params, several, 0.0)
     assert policy.tables["a"].detach().sub(before).abs().max() > 0  # the first step only
     assert policy_step(policy, "a", exp, sgd, params, several, 0.0).steps == 2
+
+
+def test_each_update_empties_the_cuda_cache_for_the_engine_that_wakes_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fake CUDA (``is_available`` and ``empty_cache`` replaced): every agent's update ends
+    by handing torch's cached blocks back, where a vLLM engine wakes next on the card."""
+    emptied: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    policy = FakeTablePolicy(["a", "b"])
+    items = scored_actions(_episodes(policy), exclude_flagged=True)
+    cfg = RLConfig(kl_beta=0.0)
+    exp = make_experience(policy, items, cfg, 0.0, 1.0)
+    for n, agent in enumerate(["a", "b"], start=1):
+        params = [policy.tables[agent]]
+        policy_step(policy, agent, exp, torch.optim.SGD(params, lr=0.1), params, cfg, 0.0)
+        assert len(emptied) == n
+
+
+class FakeConcurrentTablePolicy(FakeTablePolicy):
+    """A fake ``ConcurrentLogprobs``: records each batch of requests, then serves them."""
+
+    def __init__(self, agents: list[str]) -> None:
+        super().__init__(agents)
+        self.batches: list[list[Any]] = []
+
+    def completion_logprobs_many(self, requests: Any, temperature: float) -> list[Any]:
+        self.batches.append(list(requests))
+        return [
+            self.completion_logprobs(r.agent, r.prompt_ids, r.completion_ids, temperature)
+            for r in requests
+        ]
+
+
+def test_the_old_and_reference_passes_go_out_at_once_naming_each_rows_agent() -> None:
+    """A policy that runs passes concurrently (Ray trainers) gets each pass's requests in one
+    call, the reference's marked with the agent whose rows they are, and the experience is
+    the one the pass-by-pass loop makes."""
+    cfg = RLConfig(kl_beta=0.1, mini_batch_size=1, micro_batch_size=1)
+    serial = FakeTablePolicy(["a", "b"])
+    items = scored_actions(_episodes(serial), exclude_flagged=True)
+    concurrent = FakeConcurrentTablePolicy(["a", "b"])
+    concurrent.tables = serial.tables
+    want = make_experience(serial, items, cfg, 0.1, 1.0)
+    got = make_experience(concurrent, items, cfg, 0.1, 1.0)
+    assert got.old is not None and want.old is not None and torch.equal(got.old, want.old)
+    assert torch.equal(got.ref, want.ref)
+    assert len(concurrent.batches) == 2  # the old pass, the reference pass
+    old, ref = concurrent.batches
+    assert [r.agent for r in old] == [r.owner for r in old] and len(old) > 2
+    assert {r.agent for r in ref} == {None} and {r.owner for r in ref} == {"a", "b"}
 
 
 def test_mini_batches_are_a_seeded_shuffle_of_every_row() -> None:

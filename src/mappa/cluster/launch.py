@@ -22,6 +22,13 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
+from mappa.cluster.placement import (
+    actor_options,
+    co_located,
+    default_gpus,
+    pair_group,
+    resolved,
+)
 from mappa.cluster.remote import (
     EngineRng,
     RemoteCoach,
@@ -69,35 +76,24 @@ def connect(cluster: ClusterConfig) -> bool:
     return True
 
 
-def _options(name: str, res: ActorResources) -> dict[str, Any]:
-    # max_restarts=0: a restarted actor would come back with fresh weights, not the run's.
-    return {
-        "name": name,
-        "num_cpus": res.num_cpus,
-        "num_gpus": res.num_gpus,
-        "resources": dict(res.resources),
-        "max_restarts": 0,
-    }
-
-
 class _Actors:
     """The run's actors, started in order and all ended by ``close``."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.started: list[tuple[str, ActorHandle, dict[str, Any]]] = []
+        self.group: Any = None
+        """The placement group of trainer-and-engine pairs, if the layout has pairs."""
 
-    def policy(
-        self, name: str, res: ActorResources, agents: Sequence[str], **role: Any
-    ) -> ActorHandle:
-        options = _options(name, res)
+    def policy(self, options: dict[str, Any], agents: Sequence[str], **role: Any) -> ActorHandle:
+        name = options["name"]
         worker: Any = ray.remote(PolicyWorker)  # Ray's stubs type actor classes loosely
         handle: ActorHandle = worker.options(**options).remote(self.cfg, list(agents), **role)
         self.started.append((name, handle, options))
         return handle
 
-    def coach(self, name: str, res: ActorResources) -> ActorHandle:
-        options = _options(name, res)
+    def coach(self, options: dict[str, Any]) -> ActorHandle:
+        name = options["name"]
         worker: Any = ray.remote(CoachWorker)
         handle: ActorHandle = worker.options(**options).remote(self.cfg)
         self.started.append((name, handle, options))
@@ -129,6 +125,11 @@ class _Actors:
                     log.debug("actor gone before close", exc_info=True)
             ray.kill(handle, no_restart=True)
         self.started.clear()
+        if self.group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.group)
+            self.group = None
 
 
 def launch(cfg: RunConfig) -> RunModels:
@@ -152,20 +153,57 @@ def launch(cfg: RunConfig) -> RunModels:
         raise
 
 
+def plan_actors(
+    cfg: RunConfig, cluster: ClusterConfig, *, gpus: bool
+) -> tuple[Any, dict[tuple[str, str | None], dict[str, Any]]]:
+    """Each actor's Ray options, by role (``trainer``, ``engine``, ``coach``) and agent (None
+    for the one actor of a role; the index for coach actors), and the placement group that
+    pairs each trainer with its engine (None when the layout has no pairs: ``co_located``),
+    already reserved. ``gpus``: the cluster has GPUs for the model (unset ``num_gpus`` are
+    derived from the layout: ``default_gpus``)."""
+    names = [a.name for a in cfg.agents]
+    local = cfg.coach.backend == "local"
+
+    def res(role: str, agent: str | None, default: ActorResources) -> ActorResources:
+        asked = cluster.agents.get(agent, default) if agent is not None else default
+        return resolved(asked, default_gpus(cluster, role, gpus=gpus, local_coach=local))
+
+    keys: list[str | None] = list(names) if cluster.trainers == "per_agent" else [None]
+    engine_keys: list[str | None] = list(names) if cluster.engines == "per_agent" else [None]
+    trainer = {k: res("trainer", k, cluster.trainer) for k in keys}
+    engine = {k: res("engine", k, cluster.engine) for k in engine_keys}
+    group = None
+    if co_located(cluster):
+        group = pair_group({k: (trainer[k], engine[k]) for k in keys}, cluster.start_timeout_s)
+
+    def named(role: str, key: str | None) -> str:
+        return f"mappa-{role}" if key is None else f"mappa-{role}-{key}"
+
+    plan: dict[tuple[str, str | None], dict[str, Any]] = {}
+    for role, by_key in (("trainer", trainer), ("engine", engine)):
+        if role == "engine" and cluster.engines == "trainer":
+            continue
+        for k, r in by_key.items():
+            at = (group, keys.index(k)) if group is not None else (None, 0)
+            plan[role, k] = actor_options(named(role, k), r, *at)
+    coach = res("coach", None, cluster.coach)
+    for i in range(cluster.coach_actors):
+        plan["coach", str(i)] = actor_options(named("coach", str(i)), coach)
+    return group, plan
+
+
 def _start(
     cfg: RunConfig, cluster: ClusterConfig, actors: _Actors, close: Callable[[], None]
 ) -> RunModels:
     names = [a.name for a in cfg.agents]
     coach_here = cfg.rl.needs_coach and cluster.coach_actors == 0
-
-    def resources(agent: str, default: ActorResources) -> ActorResources:
-        return cluster.agents.get(agent, default)
+    gpus = cfg.model.device != "cpu" and ray.cluster_resources().get("GPU", 0) > 0
+    actors.group, plan = plan_actors(cfg, cluster, gpus=gpus)
 
     if cluster.trainers == "one":
         shared = cluster.engines == "trainer"
         one = actors.policy(
-            "mappa-trainer",
-            cluster.trainer,
+            plan["trainer", None],
             names,
             trainer=True,
             sampler_seed=cfg.seed if shared else None,
@@ -175,8 +213,7 @@ def _start(
     else:
         trainers = {
             n: actors.policy(
-                f"mappa-trainer-{n}",
-                resources(n, cluster.trainer),
+                plan["trainer", n],
                 [n],
                 trainer=True,
                 sampler_seed=None,
@@ -188,8 +225,7 @@ def _start(
         engines = trainers
     elif cluster.engines == "one":
         multi = actors.policy(
-            "mappa-engine",
-            cluster.engine,
+            plan["engine", None],
             names,
             trainer=False,
             sampler_seed=cfg.seed,
@@ -199,8 +235,7 @@ def _start(
     else:
         engines = {
             n: actors.policy(
-                f"mappa-engine-{n}",
-                resources(n, cluster.engine),
+                plan["engine", n],
                 [n],
                 trainer=False,
                 sampler_seed=engine_seed(cfg.seed, n),
@@ -208,7 +243,7 @@ def _start(
             )
             for i, n in enumerate(names)
         }
-    coaches = [actors.coach(f"mappa-coach-{i}", cluster.coach) for i in range(cluster.coach_actors)]
+    coaches = [actors.coach(plan["coach", str(i)]) for i in range(cluster.coach_actors)]
     actors.ready(cluster.start_timeout_s)
 
     first_engine = engines[names[0]]
@@ -217,7 +252,7 @@ def _start(
     engine = RemoteEngine(
         engines,
         cfg.rollout.engine,
-        shares_trainer=engines is trainers,
+        in_trainers=engines is trainers,
         actor_names={a: actor_names[id(h)] for a, h in engines.items()},
     )
     engine.sync(policies, 0)

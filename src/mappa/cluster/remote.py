@@ -22,7 +22,7 @@ from ray.exceptions import ObjectLostError, RayActorError
 
 from mappa.coach.context import CoachContext
 from mappa.config import RLConfig
-from mappa.models.interface import AdapterSource, Sample, TokenLogprobs
+from mappa.models.interface import AdapterSource, LogprobRequest, Sample, TokenLogprobs
 from mappa.records import Score
 from mappa.rl.experience import Experience
 from mappa.rl.update import UpdateStats
@@ -81,6 +81,22 @@ class RemotePolicies:
             temperature, with_entropy,
         )  # fmt: skip
         out: TokenLogprobs = wait(ref, f"log-probs of {agent or 'the reference'}")
+        return out
+
+    def completion_logprobs_many(
+        self, requests: Sequence[LogprobRequest], temperature: float
+    ) -> list[TokenLogprobs]:
+        """Every no-grad pass of a step's experience at once (``ConcurrentLogprobs``), each
+        on the trainer of the rows' agent: the reference too (every trainer holds the same
+        base), so the agents' trainers share the reference passes and all run in parallel
+        instead of one micro-batch at a time."""
+        refs = [
+            self.trainers[r.owner].completion_logprobs.remote(
+                r.agent, r.prompt_ids, r.completion_ids, temperature, False
+            )
+            for r in requests
+        ]
+        out: list[TokenLogprobs] = wait(refs, "the experience's log-prob passes")
         return out
 
     def policy_steps(
@@ -158,10 +174,12 @@ class RemoteEngine:
     """The engine actor(s) as the rollout's engine: ``engines[agent]`` samples for ``agent``.
 
     ``name`` is the engine inside the actors (``hf``, ``vllm``): how the sampling log-probs
-    relate to the trainer's depends on it (``rl.recompute_old_logprobs``). ``shares_trainer``:
-    the engines are the trainer actors themselves (``cluster.engines: trainer``), which sample
-    from the very modules they train, so ``sync`` has no weights to send. ``actor_names``:
-    the Ray name of the actor that samples each agent, for messages.
+    relate to the trainer's depends on it (``rl.recompute_old_logprobs``). ``in_trainers``:
+    the engines are the trainer actors themselves (``cluster.engines: trainer``), which hold
+    the trained weights already, so ``sync`` has no weights to send; only an hf engine there
+    samples from the very modules they train (``shares_trainer``): a vLLM engine in the
+    trainer actor samples from its own copy. ``actor_names``: the Ray name of the actor that
+    samples each agent, for messages.
     """
 
     def __init__(
@@ -169,13 +187,14 @@ class RemoteEngine:
         engines: Mapping[str, ActorHandle],
         name: str,
         *,
-        shares_trainer: bool,
+        in_trainers: bool,
         actor_names: Mapping[str, str],
     ) -> None:
         self.engines = dict(engines)
         self.agents = list(engines)
         self.name = name
-        self.shares_trainer = shares_trainer
+        self.in_trainers = in_trainers
+        self.shares_trainer = in_trainers and name == "hf"
         self.actor_names = dict(actor_names)
         """Agent -> the Ray name of the actor that samples it (for messages)."""
 
@@ -218,7 +237,7 @@ class RemoteEngine:
         trainer's weights (equal digests), so the next rollout provably samples them."""
         if not isinstance(source, RemotePolicies):
             raise TypeError(f"a Ray engine syncs from the trainer actors, not {type(source)}")
-        if not self.shares_trainer:
+        if not self.in_trainers:
             refs = source.adapter_refs()
             loaded = [self.engines[a].load_adapter_state.remote(a, refs[a]) for a in self.agents]
             held = dict(zip(self.agents, wait(loaded, "sending adapters"), strict=True))

@@ -805,11 +805,14 @@ class ActorResources(Strict):
         ge=0,
         description="CPUs per actor. Ray also sets the actor's torch threads to this number.",
     )
-    num_gpus: float = Field(
-        0.0,
+    num_gpus: float | None = Field(
+        None,
         ge=0,
         description="GPUs per actor; a fraction shares a GPU between actors (e.g. 0.5 puts a "
-        "trainer and an engine on one device).",
+        "trainer and an engine on one device). null: derived from the layout where the Ray "
+        "cluster has GPUs and `model.device` is not `cpu` (a whole GPU per trainer or engine; "
+        "0.5 each where a trainer and its engine share a GPU, `trainers` and `engines` both "
+        "`per_agent` or both `one`; a GPU per coach actor with a local coach model), else 0.",
     )
     resources: dict[str, float] = Field(
         default_factory=dict,

@@ -69,6 +69,27 @@ class TrainablePolicy(Protocol):
     ) -> TokenLogprobs: ...
 
 
+@dataclass(frozen=True)
+class LogprobRequest:
+    """One no-grad log-prob pass: ``agent``'s adapter (None: the reference, adapters off)
+    over rows that belong to ``owner``, so a policy whose adapters live apart (one Ray
+    trainer per agent) can run it where ``owner``'s adapter is."""
+
+    agent: str | None
+    owner: str
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+
+
+class ConcurrentLogprobs(Protocol):
+    """A policy that runs many no-grad log-prob passes at once (Ray trainers in parallel);
+    a policy without it runs them one by one through ``completion_logprobs``."""
+
+    def completion_logprobs_many(
+        self, requests: Sequence[LogprobRequest], temperature: float
+    ) -> list[TokenLogprobs]: ...
+
+
 class AdapterSource(Protocol):
     """Where an engine gets the agents' current weights: the trainer's policies."""
 

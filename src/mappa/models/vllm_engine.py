@@ -90,10 +90,13 @@ class VllmEngine:
     """A ``RolloutEngine`` over an in-process ``vllm.LLM`` (see the module docstring).
 
     Args:
-        cfg: the run's config: the base (``model.path``, ``model.dtype``), the agents, the
-            LoRA rank, and ``rollout.vllm``.
+        cfg: the run's config: the base (``model.path``, ``model.dtype``), the LoRA rank,
+            and ``rollout.vllm``.
         tokenizer: the trainer's tokenizer; its stop token ends a completion.
         stop_ids: the tokens that end a completion; default: the tokenizer's eos.
+        agents: whose adapters this engine serves (``sync`` takes exactly these from its
+            source); default: every agent of ``cfg``. A Ray engine actor of one agent
+            (``cluster.engines: per_agent``) serves that agent only.
         scores_coach: the local coach scores on this engine too. Its prompts hold an
             agent's whole input plus the coach template, so without
             ``rollout.vllm.max_model_len`` the engine then holds the model's full context
@@ -109,6 +112,7 @@ class VllmEngine:
         tokenizer: Any,
         stop_ids: Iterable[int] | None = None,
         *,
+        agents: Sequence[str] | None = None,
         scores_coach: bool = False,
     ) -> None:
         # In-process: the engine core runs in this process instead of a spawned one, which
@@ -119,7 +123,7 @@ class VllmEngine:
 
         from mappa.models.loading import resolve_device, resolve_dtype, resolve_model_path
 
-        self.agents = [a.name for a in cfg.agents]
+        self.agents = [a.name for a in cfg.agents] if agents is None else list(agents)
         self.tokenizer = tokenizer
         self.stop_ids = sorted(set(stop_ids) if stop_ids is not None else {tokenizer.eos_token_id})
         v = cfg.rollout.vllm

@@ -40,7 +40,7 @@ import torch
 
 from mappa.config import RLConfig
 from mappa.models.batching import token_batches
-from mappa.models.interface import TokenLogprobs, TrainablePolicy
+from mappa.models.interface import LogprobRequest, TokenLogprobs, TrainablePolicy
 from mappa.records import Action, Episode
 from mappa.rl.advantages import Estimate, EstimatorConfig, Groups, get_estimator
 from mappa.rl.core import masked_mean, token_rewards
@@ -384,12 +384,31 @@ def _recomputed_logprobs(
     (``reference``) under the frozen base; no grad, 0 on padding."""
     out = torch.zeros_like(batch.sample)
     width = out.shape[1]
+    chunks = [
+        (agent, idx)
+        for agent in dict.fromkeys(batch.agents)
+        for idx in (micro for mini in layout[agent] for micro in mini)
+    ]
+    requests = [
+        LogprobRequest(
+            None if reference else agent,
+            agent,
+            [list(batch.actions[i].prompt_ids) for i in idx],
+            [list(batch.actions[i].completion_ids) for i in idx],
+        )
+        for agent, idx in chunks
+    ]
     with torch.no_grad():
-        for agent in dict.fromkeys(batch.agents):
-            for idx in (micro for mini in layout[agent] for micro in mini):
-                chunk = [batch.actions[i] for i in idx]
-                lp = action_logprobs(policy, None if reference else agent, chunk, temperature)
-                out[idx] = fit_width(lp.logprobs.detach().float().cpu(), width)
+        many = getattr(policy, "completion_logprobs_many", None)
+        if many is not None:  # a ConcurrentLogprobs: every pass at once
+            results = many(requests, temperature)
+        else:
+            results = [
+                policy.completion_logprobs(r.agent, r.prompt_ids, r.completion_ids, temperature)
+                for r in requests
+            ]
+        for (_, idx), lp in zip(chunks, results, strict=True):
+            out[idx] = fit_width(lp.logprobs.detach().float().cpu(), width)
     return out * batch.valid
 
 

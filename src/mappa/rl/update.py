@@ -29,7 +29,7 @@ import torch
 
 from mappa.config import RLConfig
 from mappa.models.interface import TrainablePolicy
-from mappa.models.memory import trim_heap
+from mappa.models.memory import release_cuda_cache, trim_heap
 from mappa.records import Episode
 from mappa.rl.experience import (
     Experience,
@@ -139,8 +139,9 @@ def policy_step(
     completion is masked out, or no action carries reward signal; a mini-batch without a
     trained token or a signal takes no step either, and one whose loss or gradient is not
     finite drops its step (``skipped`` = ``NON_FINITE``). ``mean_kl`` is read from
-    ``exp.kl``, computed once. After the steps the C heap is trimmed
-    (``mappa.models.memory``), so a run's peak memory does not grow with its agents.
+    ``exp.kl``, computed once. After the steps the C heap is trimmed and torch's CUDA cache
+    emptied (``mappa.models.memory``), so a run's peak memory does not grow with its agents
+    and an engine that wakes next finds the card's free memory.
     """
     rows = exp.rows(agent)
     if not rows:
@@ -179,6 +180,7 @@ def policy_step(
         base.per_step.append(stats)
         entropy += ent * stats.tokens
     trim_heap()  # the next agent's activations get fresh pages, not a grown heap
+    release_cuda_cache()  # an engine waking next on this card needs what torch caches
     steps = base.per_step
     trained = sum(s.tokens for s in steps)
     base.steps = sum(s.finite for s in steps)

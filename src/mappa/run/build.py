@@ -264,7 +264,11 @@ def make_engine(cfg: RunConfig, policies: AgentPolicies) -> RolloutEngine:
     from mappa.models.vllm_engine import VllmEngine
 
     engine = VllmEngine(
-        cfg, policies.tokenizer, policies.stop_ids, scores_coach=coach_on_engine(cfg)
+        cfg,
+        policies.tokenizer,
+        policies.stop_ids,
+        agents=policies.agents,
+        scores_coach=coach_on_engine(cfg),
     )
     try:
         engine.sync(policies, 0)

@@ -54,7 +54,8 @@ def _engine_problem(engine: str) -> str | None:
     if engine == "vllm" and importlib.util.find_spec("vllm") is None:
         return (
             "rollout.engine: 'vllm' needs vLLM, which is not installed here; run "
-            "`make install-vllm` (or use rollout.engine: hf)"
+            "`pip install -e '.[vllm-gpu]'` on a GPU, `make install-vllm` on a CPU (or use "
+            "rollout.engine: hf)"
         )
     return None
 
