@@ -145,8 +145,8 @@ class RolloutConfig(Strict):
     batch_size: int = Field(8, ge=1, description="Sequences generated together.")
     sync_check: Literal["every", "off"] = Field(
         "every",
-        description="After every sync of the engine with the trainer (and before the first "
-        "rollout), score a short fixed probe text with each agent's adapter on both and stop "
+        description="After every sync of the engine with the trainer that follows an update "
+        "(and after a resume's first sync), score a short fixed probe text with each agent's adapter on both and stop "
         "the step when they differ by more than `sync_tolerance`: the engine would sample a "
         "stale adapter (docs/engines.md, 'The sync probe'). `off`: no probe.",
     )

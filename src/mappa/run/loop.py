@@ -123,7 +123,8 @@ def train(
         if start:
             engine.sync(adapters, start)  # the restored adapters
             signal_watch.replay(read_jsonl(run_dir / "metrics.jsonl"))  # cut back to ``start``
-        if probe is not None:  # the first sync (in building the engine, or just above)
+        if probe is not None and start:  # the restored adapters, just synced; a fresh
+            # start's adapters equal the base (LoRA B = 0), which no probe can tell apart
             log.info("sync probe before step %d: %s", start, probe.check(start))
         saved = start if resume is not None else -1
         before = evaluator.at_start(runner) if start == 0 else {}  # goes on step 0's line
