@@ -460,6 +460,29 @@ class CoachConfig(Strict):
         "template places it with `{answer_check}` (docs/coach.md). A modeling task's "
         "reference is its graded outcome already. Off: the paper's view.",
     )
+    self_solve: bool = Field(
+        False,
+        description="On answer tasks, the coach writes its own brief solution once per task "
+        "(greedy, `self_solve_tokens` at most; its cost is shared by every action of that "
+        "task) and each action whose view has no reference is judged with the coach's boxed "
+        "answer in its place, labelled as the coach's own worked answer, not ground truth "
+        "(docs/coach.md). No label is used. `coach.local.engine: llamacpp` only.",
+    )
+    self_solve_tokens: int = Field(
+        320,
+        ge=32,
+        description="The most tokens the coach's own solution may take (`self_solve`); a "
+        "solution cut off before its `\\boxed{}` answer gives no worked answer.",
+    )
+    agreement_weight: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="With `self_solve`: the weight of a deterministic check in an action's "
+        "score where the coach judged it against its own worked answer: score = (1 - w) * "
+        "the model's score + w * (10 if the action's result (the answer oracle's reading) "
+        "equals the worked answer, else 0). Never applied where the reference is shown.",
+    )
     exclude_flagged: bool = Field(
         True, description="Leave actions whose score is a flagged fallback out of training."
     )

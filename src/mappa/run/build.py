@@ -95,6 +95,8 @@ def make_coach(
         # "at-digit": read where the digit is written (scores read after the colon were noise)
         reader = f"|llamacpp|reply={c.local.reply_tokens}" if c.local.engine == "llamacpp" else ""
         model_id = f"{c.local.model_path or cfg.model.path}|expected|at-digit{reader}"
+    if c.self_solve:  # the worked answer is not in the cached context: it is in the key here
+        model_id += f"|self-solve={c.self_solve_tokens}|agree={c.agreement_weight}"
     namespace = f"{template.digest}|{c.backend}|{model_id}"
     build = backend or (lambda: coach_backend(cfg, policies, engine))
     if c.cache.mode == "off":
@@ -146,7 +148,13 @@ def coach_backend(
         reader_dist = LlamaCppScoreDistribution(
             gguf_path(local.model_path), local.context_tokens, threads, local.reply_tokens
         )
-        return LocalCoach(reader_dist, template, local.min_digit_mass)
+        coach = LocalCoach(reader_dist, template, local.min_digit_mass)
+        if not cfg.coach.self_solve:
+            return coach
+        from mappa.coach.self_solve import SelfSolvingCoach, WorkedAnswers
+
+        answers = WorkedAnswers(reader_dist, cfg.coach.self_solve_tokens)
+        return SelfSolvingCoach(coach, answers, cfg.coach.agreement_weight)
     from mappa.models.scorer import ScoreDistributionModel
 
     if local.model_path is None:
