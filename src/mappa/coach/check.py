@@ -264,7 +264,8 @@ def view_summary(
     contexts: Sequence[CoachContext], self_solve: bool = False, agreement_weight: float = 0.0
 ) -> dict[str, Any]:
     """What the coach was shown, read from the contexts it scored: the agents that saw the
-    reference and those that did not, whether any saw the grader's verdict, and whether the
+    reference and those that did not, whether any saw the grader's verdict or hindsight
+    (``coach.hindsight``: none on a case, which has no later episode), and whether the
     coach's own worked answer stood in for the reference (``coach.self_solve``, blended
     with its agreement check at ``agreement_weight``).
 
@@ -279,6 +280,7 @@ def view_summary(
         "reference_for": shown,
         "no_reference": hidden,
         "answer_check": any(c.answer_check is not None for c in contexts),
+        "hindsight": any(c.hindsight is not None for c in contexts),
         "self_solve": self_solve and bool(hidden),
         "agreement_weight": agreement_weight if self_solve and hidden else 0.0,
     }
@@ -288,9 +290,10 @@ def view_line(summary: Mapping[str, Any]) -> str:
     """``view_summary`` in one line for the text report.
 
     >>> view_line({"reference_for": ["verifier"], "no_reference": ["solver"],
-    ...            "answer_check": False, "self_solve": True, "agreement_weight": 0.5})
+    ...            "answer_check": False, "hindsight": False, "self_solve": True,
+    ...            "agreement_weight": 0.5})
     "view: reference shown to verifier; none to solver (the coach's own worked answer \
-instead, agreement weight 0.5); grader's verdict: not shown"
+instead, agreement weight 0.5); grader's verdict: not shown; hindsight: not shown"
     """
     shown = ", ".join(summary["reference_for"]) or "no agent"
     line = f"view: reference shown to {shown}"
@@ -301,7 +304,8 @@ instead, agreement weight 0.5); grader's verdict: not shown"
             weight = summary["agreement_weight"]
             line += f", agreement weight {weight:g})" if weight else ")"
     verdict = "shown" if summary["answer_check"] else "not shown"
-    return f"{line}; grader's verdict: {verdict}"
+    later = "shown" if summary["hindsight"] else "not shown"
+    return f"{line}; grader's verdict: {verdict}; hindsight: {later}"
 
 
 # --------------------------------------------------------------------- labelled actions

@@ -27,6 +27,7 @@ ALLOWED_FIELDS: dict[str, set[str]] = {
     "final_system": {"output_limit", "pipeline"},
     "reference": {"ground_truth", "answer_check"},
     "worked": {"worked_answer"},
+    "hindsight": {"hindsight"},
     "answer_check": {"verdict"},
     "user": {
         "task",
@@ -80,6 +81,10 @@ class CoachTemplate:
     worked: str = WORKED
     """Where no reference is shown, the coach's own worked answer (``coach.self_solve``), in
     the reference's place (``{reference}``)."""
+    hindsight: str = (
+        "\n\n## What the episode showed later (no label: the team's own runs)\n{hindsight}"
+    )
+    """With ``coach.hindsight``, the episode's evidence about the action, after the reference."""
     pipeline: str = ""
     """The team, described from the run's agents (``{pipeline}``; see ``for_pipeline``)."""
 
@@ -88,7 +93,7 @@ class CoachTemplate:
         """Hash of the text the coach is shown (part of the cache key: editing the template
         or the pipeline it describes invalidates cached scores)."""
         parts = [self.system, self.final_system, self.reference, self.user, self.corrective]
-        text = "\x00".join([*parts, self.answer_check, self.worked, self.pipeline])
+        text = "\x00".join([*parts, self.answer_check, self.worked, self.hindsight, self.pipeline])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
@@ -171,6 +176,7 @@ def load_template(name_or_path: str) -> CoachTemplate:
         reference=data.get("reference") or "{ground_truth}",
         **({"answer_check": data["answer_check"]} if data.get("answer_check") else {}),
         **({"worked": data["worked"]} if data.get("worked") else {}),
+        **({"hindsight": data["hindsight"]} if data.get("hindsight") else {}),
         user=data["user"],
         corrective=data.get("corrective")
         or "Answer again with only the line `PROCESS_SCORE: x` (x from 0 to 10){final_corrective}.",
@@ -191,6 +197,8 @@ def render_messages(template: CoachTemplate, ctx: CoachContext) -> list[dict[str
         reference = template.worked.format(worked_answer=ctx.worked_answer)
     else:
         reference = ""
+    if ctx.hindsight is not None:
+        reference += template.hindsight.format(hindsight=ctx.hindsight)
     user = template.user.format(
         task=ctx.task,
         agent=ctx.agent,

@@ -483,6 +483,14 @@ class CoachConfig(Strict):
         "the model's score + w * (10 if the action's result (the answer oracle's reading) "
         "equals the worked answer, else 0). Never applied where the reference is shown.",
     )
+    hindsight: bool = Field(
+        False,
+        description="On answer tasks, show the coach what the episode's own code runs showed "
+        "about an action, no label used: for a proposed solution, what the next program "
+        "printed and whether the solution's result is that number; for the final agent, "
+        "whether its answer is what the last program printed. Off: the paper's view (the "
+        "action's own context only).",
+    )
     exclude_flagged: bool = Field(
         True, description="Leave actions whose score is a flagged fallback out of training."
     )
