@@ -70,7 +70,14 @@ def test_the_worked_answer_stands_only_where_no_reference_is_and_is_written_once
             assert ctx.worked_answer == ("24" if ctx.task == tasks[0] else "33")
 
 
-def test_a_solution_without_a_boxed_answer_gives_no_worked_answer() -> None:
+def test_a_brief_solution_without_a_box_gives_the_result_it_states() -> None:
+    """A brief solution often ends on its last line's number without boxing it."""
+    writer = FakeWriter({"13 * 2?": "13 * 2 = 26\nDiego has 26 marbles now.", "x?": "\\boxed{4} 5"})
+    answers = WorkedAnswers(writer, 320)
+    assert answers.answer("13 * 2?") == "26" and answers.answer("x?") == "4"
+
+
+def test_a_solution_that_states_no_result_gives_no_worked_answer() -> None:
     contexts = case_contexts(CASES, ROLES, "verifier", CoachView(reference_for="none"))
     tasks = list(dict.fromkeys(c.task for c in contexts))
     inner = FakeFlatCoach()

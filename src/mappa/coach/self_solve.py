@@ -20,8 +20,8 @@ from typing import Protocol
 from mappa.coach.base import CoachBackend
 from mappa.coach.context import CoachContext
 from mappa.records import Score
-from mappa.tasks.math import answers_equal, extract_answer
-from mappa.workflow.oracle import action_result
+from mappa.tasks.math import answers_equal
+from mappa.workflow.oracle import action_result, stated_result
 
 SOLVE_SYSTEM = (
     "Solve the math problem. Be brief: write one short line per step, then the final "
@@ -48,15 +48,16 @@ class WorkedAnswers:
         """Each task's written solution (kept for inspection)."""
 
     def answer(self, task: str) -> str | None:
-        """The boxed answer of the coach's solution of ``task``; None when it boxed none
-        (cut off, or not solved)."""
+        """The result the coach's solution of ``task`` states (its boxed answer, else its
+        ``Answer:`` line, else its last number: a brief solution often ends on ``= 26``
+        without a box); None when it states none."""
         if task not in self.solutions:
             conversation = [
                 {"role": "system", "content": SOLVE_SYSTEM},
                 {"role": "user", "content": task},
             ]
             self.solutions[task] = self.writer.write(conversation, self.max_tokens)
-        return extract_answer(self.solutions[task], "boxed")
+        return stated_result(self.solutions[task])
 
 
 def agrees(ctx: CoachContext, answer: str) -> bool:

@@ -464,15 +464,15 @@ class CoachConfig(Strict):
         False,
         description="On answer tasks, the coach writes its own brief solution once per task "
         "(greedy, `self_solve_tokens` at most; its cost is shared by every action of that "
-        "task) and each action whose view has no reference is judged with the coach's boxed "
-        "answer in its place, labelled as the coach's own worked answer, not ground truth "
+        "task) and each action whose view has no reference is judged with the result that "
+        "solution states in its place, labelled as the coach's own worked answer, not ground truth "
         "(docs/coach.md). No label is used. `coach.local.engine: llamacpp` only.",
     )
     self_solve_tokens: int = Field(
         320,
         ge=32,
         description="The most tokens the coach's own solution may take (`self_solve`); a "
-        "solution cut off before its `\\boxed{}` answer gives no worked answer.",
+        "solution cut off before it states a result gives no worked answer.",
     )
     agreement_weight: float = Field(
         0.0,
