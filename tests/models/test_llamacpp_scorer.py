@@ -91,4 +91,5 @@ def test_the_coach_writes_its_own_solution_within_its_budget(scorer: Any) -> Non
     text = scorer.write(ask, 8)
     assert text and text == scorer.write(ask, 8)
     assert 0 < len(scorer.llm.tokenize(text.encode(), add_bos=False)) <= 9  # re-tokenized
-    assert scorer(conversations, SCORE_PREFIX) == pytest.approx(before, abs=1e-5)
+    for after, want in zip(scorer(conversations, SCORE_PREFIX), before, strict=True):
+        assert after == pytest.approx(want, abs=1e-5)
