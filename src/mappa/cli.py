@@ -484,7 +484,7 @@ def _coach_check(args: argparse.Namespace) -> int:
     """``mappa coach-check``: inputs and config checked first (exit 2), then the server (if
     any) started, the coach built, every context scored in one call, the server stopped."""
     from mappa.coach import CoachFatalError
-    from mappa.coach.check import timed_score
+    from mappa.coach.check import timed_score, view_line, view_summary
 
     try:
         cfg, server = _check_config(args)
@@ -509,10 +509,12 @@ def _coach_check(args: argparse.Namespace) -> int:
         print("mappa: interrupted", file=sys.stderr)
         return 130
     report = report_of(scores, seconds)
+    view = view_summary(contexts, cfg.coach.self_solve, cfg.coach.agreement_weight)
     print(f"coach-check: {source}, coach {' '.join(_coach_label(cfg).values())}")
+    print(view_line(view))
     print(report.table())
     if args.json is not None:
-        result = {**report.to_json(), "source": source, "coach": _coach_label(cfg)}
+        result = {**report.to_json(), "source": source, "coach": _coach_label(cfg), "view": view}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"written: {args.json}")

@@ -168,3 +168,64 @@ def test_the_tool_status_travels_to_every_coach() -> None:
         assert "[tool status: ok" in render_messages(load_template(name), good)[1]["content"]
     no_code = build_context(_episode("solver"), _episode("solver").actions[0], ROLES, "v", view)
     assert "tool status" not in render_messages(load_template("mathchat"), no_code)[1]["content"]
+
+
+# --- hindsight -----------------------------------------------------------------------------
+
+TEAM = {"problem_solver": "Solves.", "code_executor": "Codes.", "verifier": "Checks."}
+
+
+def _team_episode(solver: str, printed: str | None, status: str, boxed: str) -> Episode:
+    """Solver, Code Executor (its run printed ``printed`` and ended ``status``), Verifier."""
+    actions = [
+        Action("e", "problem_solver", 0, [1], [2], [-0.1], "in", solver, False),
+        Action(
+            "e",
+            "code_executor",
+            1,
+            [1],
+            [2],
+            [-0.1],
+            "in",
+            "```python\nprint(x)\n```",
+            False,
+            tool_observation=printed or "Traceback",
+            tool_status=status,  # type: ignore[arg-type]
+            tool_stdout=printed,
+        ),
+        Action("e", "verifier", 2, [1], [2], [-0.1], "in", f"So \\boxed{{{boxed}}}", False),
+    ]
+    return Episode("e", "t", "What is 13 * 2?", "26", actions=actions)
+
+
+def _hindsight(ep: Episode, view: CoachView) -> list[str | None]:
+    return [build_context(ep, a, TEAM, "verifier", view).hindsight for a in ep.actions]
+
+
+def test_hindsight_is_off_by_default_and_reads_the_episodes_own_runs() -> None:
+    """The solver is told what the program after it printed and whether its result is that
+    number, the verifier whether its answer is what the program before it printed; the code
+    action sees its own output already. No label is read: the reference is 26 throughout."""
+    ep = _team_episode("13 * 2 = 24.", "26\n", "ok", "24")
+    assert _hindsight(ep, CoachView(reference_for="none")) == [None, None, None]
+    solver, code, verifier = _hindsight(ep, CoachView(reference_for="none", hindsight=True))
+    assert solver == (
+        "The code executor's program, run after this action, printed 26; this action's "
+        "stated result 24 does NOT equal it."
+    )
+    assert code is None
+    assert verifier is not None and "before this action, printed 26" in verifier
+    assert "answer 24 does NOT equal it" in verifier
+    agree = _team_episode("13 * 2 = 26.", "26\n", "ok", "26")
+    assert "stated result 26 equals it" in str(_hindsight(agree, CoachView(hindsight=True))[0])
+
+
+def test_a_failed_run_gives_no_result_and_the_template_shows_the_evidence() -> None:
+    ep = _team_episode("13 * 2 = 26.", None, "error", "26")
+    view = CoachView(reference_for="none", hindsight=True)
+    solver = build_context(ep, ep.actions[0], TEAM, "verifier", view)
+    assert solver.hindsight == (
+        "The code executor's program, run after this action, gave no result (error)."
+    )
+    text = render_messages(load_template("mathchat_brief"), solver)[1]["content"]
+    assert "## What the episode showed later (no label" in text and "gave no result" in text

@@ -36,7 +36,7 @@ from mappa.coach.check import (
 from mappa.coach.context import CoachContext
 from mappa.coach.rules import ORACLE, RuleCoach, answer_oracle
 from mappa.config import RunConfig, load_config
-from mappa.records import Action, Episode, Score, append_episodes
+from mappa.records import Action, Episode, Score, append_episodes, read_episodes
 
 AGENTS = ["problem_solver", "code_executor", "verifier"]
 
@@ -294,9 +294,21 @@ def test_cases_file_scored_as_training_builds_contexts(
     ],
 )
 def test_builtin_set_follows_the_configs_reference_scope(
-    overrides: list[str], shown: set[str], fake_coach: FakeKeywordCoach
+    overrides: list[str],
+    shown: set[str],
+    fake_coach: FakeKeywordCoach,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["coach-check", *overrides]) == 0
+    """The view used is reported in the text and the JSON: who saw the reference."""
+    out = tmp_path / "check.json"
+    assert main(["coach-check", *overrides, "--json", str(out)]) == 0
+    view = json.loads(out.read_text())["view"]
+    assert set(view["reference_for"]) == shown
+    assert set(view["no_reference"]) == set(AGENTS) - shown
+    assert view["answer_check"] is False and view["self_solve"] is False
+    printed = capsys.readouterr().out
+    assert f"view: reference shown to {', '.join(view['reference_for']) or 'no agent'}" in printed
     assert len(fake_coach.seen) == len(CASES)
     assert {c.agent for c in fake_coach.seen if c.ground_truth is not None} == shown
     assert {c.output_limit for c in fake_coach.seen} == {
@@ -365,6 +377,29 @@ def test_episodes_rescored_against_the_outcome(
     assert code["tie_rate"] == pytest.approx(21 / 45)
     assert code["digit_mass"] is None and result["agents"]["verifier"]["digit_mass"] == 0.9
     assert result["seconds_per_action"] >= 0
+
+
+def test_episodes_rescored_against_each_actions_oracle_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_coach: FakeKeywordCoach
+) -> None:
+    """The oracle AUC reads each action's own verdict, not its episode's outcome: a code
+    run whose result was wrong in an episode the team still won counts as wrong; an agent
+    with no verdicts has none."""
+    run_dir = _run_dir(tmp_path)
+    path = run_dir / "episodes.jsonl"
+    episodes = read_episodes(path)
+    for ep in episodes:
+        for a in ep.actions:
+            a.oracle = {"code_executor": not ep.correct, "verifier": bool(ep.correct)}.get(a.agent)
+    path.unlink()
+    append_episodes(path, episodes)
+    out = tmp_path / "rescore.json"
+    assert main(["coach-check", "--episodes", str(run_dir), "--json", str(out)]) == 0
+    agents = json.loads(out.read_text())["agents"]
+    assert agents["code_executor"]["auc"] == 1.0 and agents["code_executor"]["oracle_auc"] == 0.0
+    assert agents["verifier"]["oracle_auc"] == 1.0
+    assert agents["problem_solver"]["oracle_auc"] is None
+    assert "oracle" in capsys.readouterr().out
 
 
 def test_episodes_limit_and_a_config_without_the_runs_agents(

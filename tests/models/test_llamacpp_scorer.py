@@ -80,3 +80,16 @@ def test_the_coach_may_write_before_its_score() -> None:
     for score, reply in zip(scores, writer.replies, strict=True):
         assert score.rationale.startswith(reply.strip()) and 0 <= score.value <= 10
         assert score.digit_mass is not None
+
+
+def test_the_coach_writes_its_own_solution_within_its_budget(scorer: Any) -> None:
+    """``write`` (the self-solving coach's writer): greedy, so the same each time, cut at
+    ``max_tokens``, and scoring after it reads the same numbers as before it."""
+    conversations = [render_messages(load_template("mathchat_brief"), c) for c in _contexts()]
+    before = scorer(conversations, SCORE_PREFIX)
+    ask = [{"role": "user", "content": "What is 12 + 3 * 4? Answer as \\boxed{number}."}]
+    text = scorer.write(ask, 8)
+    assert text and text == scorer.write(ask, 8)
+    assert 0 < len(scorer.llm.tokenize(text.encode(), add_bos=False)) <= 9  # re-tokenized
+    for after, want in zip(scorer(conversations, SCORE_PREFIX), before, strict=True):
+        assert after == pytest.approx(want, abs=1e-5)

@@ -10,7 +10,9 @@ from typing import Literal, Protocol
 from mappa.coach.context import CoachContext
 from mappa.config import AnswerFormat, RunConfig
 from mappa.records import Action, Episode, Score
+from mappa.tasks.math import answers_equal
 from mappa.text import cut_middle
+from mappa.workflow.oracle import action_result
 
 ReferenceFor = Literal["none", "final", "all"]
 """Whose actions the coach judges with the reference in view (``CoachConfig.reference_scope``)."""
@@ -92,6 +94,8 @@ class CoachView:
     output_limit: int | None = None
     answer_check: bool = False
     answer_format: AnswerFormat = "boxed"
+    hindsight: bool = False
+    """Show what the episode's code runs showed about the action (``hindsight``)."""
 
     @classmethod
     def of(cls, cfg: RunConfig) -> CoachView:
@@ -101,7 +105,52 @@ class CoachView:
             output_limit=cfg.rollout.max_new_tokens,
             answer_check=cfg.coach.answer_check,
             answer_format=cfg.tasks.answer_format,
+            hindsight=cfg.coach.hindsight,
         )
+
+
+def _result(action: Action, is_final: bool, answer_format: AnswerFormat) -> str | None:
+    result, _ = action_result(
+        action.completion_text,
+        is_final=is_final,
+        observation=action.tool_observation,
+        tool_status=action.tool_status,
+        stdout=action.tool_stdout,
+        answer_format=answer_format,
+    )
+    return result
+
+
+def hindsight(
+    episode: Episode, action: Action, final_agent: str, answer_format: AnswerFormat = "boxed"
+) -> str | None:
+    """What the episode's code runs showed about ``action``, in words, with no label: for an
+    action that ran no code and is not the final agent's (a proposed solution), what the
+    next program run after it printed, and whether the action's stated result is that
+    number; for the final agent's action, whether its answer is what the last program run
+    before it printed. None where no program ran on the relevant side, or for a code action
+    (its own output is in view already). Results are read as the answer oracle reads them.
+    """
+    if action.tool_observation is not None or action.tool_status is not None:
+        return None
+    is_final = action.agent == final_agent
+    at = next(i for i, a in enumerate(episode.actions) if a is action)
+    side = reversed(episode.actions[:at]) if is_final else iter(episode.actions[at + 1 :])
+    run = next((a for a in side if a.tool_status is not None or a.tool_observation), None)
+    if run is None:
+        return None
+    mine = _result(action, is_final, answer_format)
+    printed = _result(run, False, answer_format)
+    when = "before" if is_final else "after"
+    what = "answer" if is_final else "stated result"
+    head = f"The {run.agent.replace('_', ' ')}'s program, run {when} this action"
+    if printed is None:
+        return f"{head}, gave no result ({run.tool_status or 'nothing printed'})."
+    if mine is None:
+        return f"{head}, printed {printed}; this action states no result."
+    same = answers_equal(mine, printed)
+    verdict = "equals" if same else "does NOT equal"
+    return f"{head}, printed {printed}; this action's {what} {mine} {verdict} it."
 
 
 def answer_verdict(
@@ -190,6 +239,9 @@ def build_context(
         tool_status=action.tool_status,
         stdout=action.tool_stdout,
         answer_format=view.answer_format,
+        hindsight=hindsight(episode, action, final_agent, view.answer_format)
+        if view.hindsight and not episode.metrics
+        else None,
     )
 
 

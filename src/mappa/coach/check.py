@@ -260,6 +260,54 @@ def _line(first: str, cells: Sequence[str], widths: Sequence[int]) -> str:
     return f"{first:<16}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
 
 
+def view_summary(
+    contexts: Sequence[CoachContext], self_solve: bool = False, agreement_weight: float = 0.0
+) -> dict[str, Any]:
+    """What the coach was shown, read from the contexts it scored: the agents that saw the
+    reference and those that did not, whether any saw the grader's verdict or hindsight
+    (``coach.hindsight``: none on a case, which has no later episode), and whether the
+    coach's own worked answer stood in for the reference (``coach.self_solve``, blended
+    with its agreement check at ``agreement_weight``).
+
+    >>> ctxs = case_contexts(CASES, ROLES, "verifier", CoachView(reference_for="final"))
+    >>> view_summary(ctxs)["reference_for"], view_summary(ctxs)["answer_check"]
+    (['verifier'], False)
+    """
+    agents = list(dict.fromkeys(c.agent for c in contexts))
+    shown = [a for a in agents if any(c.ground_truth is not None for c in contexts if c.agent == a)]
+    hidden = [a for a in agents if a not in shown]
+    return {
+        "reference_for": shown,
+        "no_reference": hidden,
+        "answer_check": any(c.answer_check is not None for c in contexts),
+        "hindsight": any(c.hindsight is not None for c in contexts),
+        "self_solve": self_solve and bool(hidden),
+        "agreement_weight": agreement_weight if self_solve and hidden else 0.0,
+    }
+
+
+def view_line(summary: Mapping[str, Any]) -> str:
+    """``view_summary`` in one line for the text report.
+
+    >>> view_line({"reference_for": ["verifier"], "no_reference": ["solver"],
+    ...            "answer_check": False, "hindsight": False, "self_solve": True,
+    ...            "agreement_weight": 0.5})
+    "view: reference shown to verifier; none to solver (the coach's own worked answer \
+instead, agreement weight 0.5); grader's verdict: not shown; hindsight: not shown"
+    """
+    shown = ", ".join(summary["reference_for"]) or "no agent"
+    line = f"view: reference shown to {shown}"
+    if summary["no_reference"]:
+        line += "; none to " + ", ".join(summary["no_reference"])
+        if summary["self_solve"]:
+            line += " (the coach's own worked answer instead"
+            weight = summary["agreement_weight"]
+            line += f", agreement weight {weight:g})" if weight else ")"
+    verdict = "shown" if summary["answer_check"] else "not shown"
+    later = "shown" if summary["hindsight"] else "not shown"
+    return f"{line}; grader's verdict: {verdict}; hindsight: {later}"
+
+
 # --------------------------------------------------------------------- labelled actions
 class CaseError(ValueError):
     """A cases file that cannot be used; the message names the file and the line."""
@@ -615,7 +663,10 @@ class AgentRescore:
 
     ``auc``: the fraction of (action of a correct episode, action of a wrong one) pairs
     the new score ranks right, ties half (None when either class is empty);
-    ``recorded_auc``: the same for the scores the run recorded; ``spread`` (max - min),
+    ``oracle_auc``: the same against each action's own oracle verdict (``Action.oracle``:
+    whether its result equals the reference), the per-action yardstick for upstream agents
+    whose episode another agent lost; ``recorded_auc``: the same for the scores the run
+    recorded; ``spread`` (max - min),
     ``std``, ``tie_rate`` (share of pairs within ``TIE_EPS``), ``mode`` (the most common
     score rounded to 0.1) and its ``mode_share``: how much the scores vary at all. All of
     these leave flagged fallbacks out (training does too); ``digit_mass`` counts them.
@@ -625,6 +676,7 @@ class AgentRescore:
     actions: int
     graded: int
     auc: float | None
+    oracle_auc: float | None
     recorded_auc: float | None
     mean: float | None
     spread: float | None
@@ -646,8 +698,8 @@ def agent_rescore(agent: str, rows: Sequence[tuple[Episode, Action, Score]]) -> 
     ...     ep = Episode("e", "t", "task", "1", correct=correct)
     ...     return ep, case_episode(CASES[0]).actions[0], Score(value)
     >>> r = agent_rescore("a", [row(8.0, True), row(3.0, False), row(3.0, None), row(5.0, False)])
-    >>> r.auc, r.graded, r.spread, r.mode, r.mode_share, r.recorded_auc
-    (1.0, 3, 5.0, 3.0, 0.5, None)
+    >>> r.auc, r.graded, r.spread, r.mode, r.mode_share, r.recorded_auc, r.oracle_auc
+    (1.0, 3, 5.0, 3.0, 0.5, None, None)
     """
     kept = [(ep, a, s) for ep, a, s in rows if not s.flagged]
     values = [s.value for _, _, s in kept]
@@ -663,6 +715,10 @@ def agent_rescore(agent: str, rows: Sequence[tuple[Episode, Action, Score]]) -> 
         auc=pair_accuracy(
             [s.value for ep, _, s in graded if ep.correct],
             [s.value for ep, _, s in graded if not ep.correct],
+        ),
+        oracle_auc=pair_accuracy(
+            [s.value for _, a, s in kept if a.oracle is True],
+            [s.value for _, a, s in kept if a.oracle is False],
         ),
         recorded_auc=pair_accuracy(
             [s.value for ep, s in recorded if ep.correct],
@@ -716,14 +772,15 @@ class RescoreReport:
         }
 
     def table(self) -> str:
-        head = ["actions", "AUC", "recorded", "mean", "spread", "std", "ties", "mode", "share"]
-        head += ["digit mass", "flagged"]
-        widths = (8, 7, 9, 7, 7, 6, 7, 6, 7, 11, 8)
+        head = ["actions", "AUC", "oracle", "recorded", "mean", "spread", "std", "ties", "mode"]
+        head += ["share", "digit mass", "flagged"]
+        widths = (8, 7, 7, 9, 7, 7, 6, 7, 6, 7, 11, 8)
         lines = [_line("agent", head, widths)]
         for r in self.rows:
             cells = [
                 str(r.actions),
                 _fmt(r.auc),
+                _fmt(r.oracle_auc),
                 _fmt(r.recorded_auc),
                 _fmt(r.mean),
                 _fmt(r.spread),
@@ -743,7 +800,8 @@ class RescoreReport:
         )
         lines.append(
             "AUC: actions of correct episodes ranked above those of wrong ones (0.5 = chance); "
-            "recorded: the run's own coach"
+            "oracle: actions whose own result is right above those whose result is wrong "
+            "(Action.oracle); recorded: the run's own coach"
         )
         return "\n".join(lines)
 

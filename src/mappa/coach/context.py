@@ -21,7 +21,10 @@ class CoachContext:
     (``coach.answer_check``). ``tool_status`` is how the action's code run ended (None: it
     ran no code), shown to a model coach beside the observation; ``stdout`` is what that
     run printed on stdout alone (uncut: the answer oracle reads its last number), and
-    ``answer_format`` how the grader reads the final agent's answer.
+    ``answer_format`` how the grader reads the final agent's answer. ``worked_answer`` is
+    the coach's own answer to the task (``coach.self_solve``), shown where no reference is:
+    the coach's work, not a label. ``hindsight`` is what the episode's code runs showed
+    about the action (``coach.hindsight``).
     """
 
     task: str
@@ -41,6 +44,8 @@ class CoachContext:
     tool_status: ToolStatus | None = None
     stdout: str | None = None
     answer_format: AnswerFormat = "boxed"
+    worked_answer: str | None = None
+    hindsight: str | None = None
 
     def digest(self) -> str:
         """A stable hash of everything the coach sees (the cache key's context part)."""

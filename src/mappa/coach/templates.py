@@ -26,6 +26,8 @@ ALLOWED_FIELDS: dict[str, set[str]] = {
     "system": {"output_limit", "pipeline"},
     "final_system": {"output_limit", "pipeline"},
     "reference": {"ground_truth", "answer_check"},
+    "worked": {"worked_answer"},
+    "hindsight": {"hindsight"},
     "answer_check": {"verdict"},
     "user": {
         "task",
@@ -55,6 +57,13 @@ TOOL_STATUS_WORDS: dict[ToolStatus, str] = {
 """How the coach is told the way an action's code run ended."""
 
 
+WORKED = (
+    "\n\n## The coach's own worked answer (NOT a reference: the coach solved the problem "
+    "itself and may be wrong)\n{worked_answer}"
+)
+"""How a template shows the coach's own answer unless it has a ``worked`` section."""
+
+
 class TemplateError(ValueError):
     """A template file that cannot be used; the message names the file and the section."""
 
@@ -69,6 +78,13 @@ class CoachTemplate:
     corrective: str
     source: str
     answer_check: str = "\n\n## Checked by the grader\n{verdict}"
+    worked: str = WORKED
+    """Where no reference is shown, the coach's own worked answer (``coach.self_solve``), in
+    the reference's place (``{reference}``)."""
+    hindsight: str = (
+        "\n\n## What the episode showed later (no label: the team's own runs)\n{hindsight}"
+    )
+    """With ``coach.hindsight``, the episode's evidence about the action, after the reference."""
     pipeline: str = ""
     """The team, described from the run's agents (``{pipeline}``; see ``for_pipeline``)."""
 
@@ -77,7 +93,7 @@ class CoachTemplate:
         """Hash of the text the coach is shown (part of the cache key: editing the template
         or the pipeline it describes invalidates cached scores)."""
         parts = [self.system, self.final_system, self.reference, self.user, self.corrective]
-        text = "\x00".join([*parts, self.answer_check, self.pipeline])
+        text = "\x00".join([*parts, self.answer_check, self.worked, self.hindsight, self.pipeline])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
@@ -159,6 +175,8 @@ def load_template(name_or_path: str) -> CoachTemplate:
         final_system=data.get("final_system") or "",
         reference=data.get("reference") or "{ground_truth}",
         **({"answer_check": data["answer_check"]} if data.get("answer_check") else {}),
+        **({"worked": data["worked"]} if data.get("worked") else {}),
+        **({"hindsight": data["hindsight"]} if data.get("hindsight") else {}),
         user=data["user"],
         corrective=data.get("corrective")
         or "Answer again with only the line `PROCESS_SCORE: x` (x from 0 to 10){final_corrective}.",
@@ -173,11 +191,14 @@ def render_messages(template: CoachTemplate, ctx: CoachContext) -> list[dict[str
     if ctx.is_final:
         system += template.final_system.format(output_limit=limit, pipeline=template.pipeline)
     check = template.answer_check.format(verdict=ctx.answer_check) if ctx.answer_check else ""
-    reference = (
-        template.reference.format(ground_truth=ctx.ground_truth, answer_check=check)
-        if ctx.ground_truth is not None
-        else ""
-    )
+    if ctx.ground_truth is not None:
+        reference = template.reference.format(ground_truth=ctx.ground_truth, answer_check=check)
+    elif ctx.worked_answer is not None:
+        reference = template.worked.format(worked_answer=ctx.worked_answer)
+    else:
+        reference = ""
+    if ctx.hindsight is not None:
+        reference += template.hindsight.format(hindsight=ctx.hindsight)
     user = template.user.format(
         task=ctx.task,
         agent=ctx.agent,

@@ -146,9 +146,10 @@ class RolloutConfig(Strict):
     sync_check: Literal["every", "off"] = Field(
         "every",
         description="After every sync of the engine with the trainer that follows an update "
-        "(and after a resume's first sync), score a short fixed probe text with each agent's adapter on both and stop "
-        "the step when they differ by more than `sync_tolerance`: the engine would sample a "
-        "stale adapter (docs/engines.md, 'The sync probe'). `off`: no probe.",
+        "(and after a resume's first sync), score a short fixed probe text with each agent's "
+        "adapter on both and stop the step when they differ by more than `sync_tolerance`: "
+        "the engine would sample a stale adapter (docs/engines.md, 'The sync probe'). `off`: "
+        "no probe.",
     )
     sync_tolerance: float | None = Field(
         None,
@@ -520,6 +521,37 @@ class CoachConfig(Strict):
         "equals the reference), so a small coach need not compare the two itself; the "
         "template places it with `{answer_check}` (docs/coach.md). A modeling task's "
         "reference is its graded outcome already. Off: the paper's view.",
+    )
+    self_solve: bool = Field(
+        False,
+        description="On answer tasks, the coach writes its own brief solution once per task "
+        "(greedy, `self_solve_tokens` at most; its cost is shared by every action of that "
+        "task) and each action whose view has no reference is judged with the result that "
+        "solution states in its place, labelled as the coach's own worked answer, not ground truth "
+        "(docs/coach.md). No label is used. `coach.local.engine: llamacpp` only.",
+    )
+    self_solve_tokens: int = Field(
+        320,
+        ge=32,
+        description="The most tokens the coach's own solution may take (`self_solve`); a "
+        "solution cut off before it states a result gives no worked answer.",
+    )
+    agreement_weight: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="With `self_solve`: the weight of a deterministic check in an action's "
+        "score where the coach judged it against its own worked answer: score = (1 - w) * "
+        "the model's score + w * (10 if the action's result (the answer oracle's reading) "
+        "equals the worked answer, else 0). Never applied where the reference is shown.",
+    )
+    hindsight: bool = Field(
+        False,
+        description="On answer tasks, show the coach what the episode's own code runs showed "
+        "about an action, no label used: for a proposed solution, what the next program "
+        "printed and whether the solution's result is that number; for the final agent, "
+        "whether its answer is what the last program printed. Off: the paper's view (the "
+        "action's own context only).",
     )
     exclude_flagged: bool = Field(
         True, description="Leave actions whose score is a flagged fallback out of training."

@@ -105,18 +105,29 @@ class LlamaCppScoreDistribution:
     def _write(self, ids: list[int], tag: str) -> str:
         """Greedy text after ``ids`` until ``tag`` begins, the end of the turn, or
         ``reply_tokens`` tokens; the text before the tag."""
+        text = self._generate(ids, self.reply_tokens, tag)
+        cut = text.find(tag)
+        return text[:cut] if cut >= 0 else text.rstrip() + "\n"
+
+    def _generate(self, ids: list[int], max_tokens: int, stop: str | None = None) -> str:
+        """Greedy text after ``ids`` until the end of the turn, ``max_tokens`` tokens, or
+        (with ``stop``) the text holds ``stop``."""
         out: list[int] = []
         text = ""
         for token in self.llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
-            if self._end_of_turn(token) or len(out) >= self.reply_tokens:
+            if self._end_of_turn(token) or len(out) >= max_tokens:
                 break
             out.append(token)
             text = self.llm.detokenize(out).decode("utf-8", errors="replace")
-            if tag in text:
+            if stop is not None and stop in text:
                 break
-        cut = text.find(tag)
-        text = text[:cut] if cut >= 0 else text.rstrip() + "\n"
         return text
+
+    def write(self, conversation: list[dict[str, str]], max_tokens: int) -> str:
+        """The coach's greedy reply to ``conversation``, ``max_tokens`` at most (the
+        ``mappa.coach.self_solve.Writer`` the self-solving coach uses)."""
+        messages: Any = conversation
+        return self._generate(self._encode(self.chat(messages=messages).prompt), max_tokens)
 
     def _end_of_turn(self, token: int) -> bool:
         import llama_cpp

@@ -110,7 +110,8 @@ def coach_namespace(cfg: RunConfig) -> str:
     a GGUF's own for llama.cpp, with what it writes first, ``reply_tokens``) and
     ``min_digit_mass``, which decides whether a score is flagged. Batch sizes, threads and
     the engine between ``hf`` and ``vllm`` (the same distribution to about 1e-5) are left
-    out, so tuning them keeps the cache."""
+    out, so tuning them keeps the cache. With ``self_solve`` its settings too: the worked
+    answer is not in the context the key hashes."""
     c = cfg.coach
     if c.backend == "http":
         from mappa.coach.http import request_fingerprint
@@ -127,6 +128,8 @@ def coach_namespace(cfg: RunConfig) -> str:
             weights = f"dtype={str(dtype).removeprefix('torch.')}"
         model = local.model_path or cfg.model.path
         model_id = f"{model}|expected|at-digit|{weights}|min_mass={local.min_digit_mass}"
+    if c.self_solve:  # the worked answer is not in the cached context: it is in the key here
+        model_id += f"|self-solve={c.self_solve_tokens}|agree={c.agreement_weight}"
     return f"{coach_template(cfg).digest}|{c.backend}|{model_id}"
 
 
@@ -171,7 +174,13 @@ def coach_backend(
         reader_dist = LlamaCppScoreDistribution(
             gguf_path(local.model_path), local.context_tokens, threads, local.reply_tokens
         )
-        return LocalCoach(reader_dist, template, local.min_digit_mass)
+        coach = LocalCoach(reader_dist, template, local.min_digit_mass)
+        if not cfg.coach.self_solve:
+            return coach
+        from mappa.coach.self_solve import SelfSolvingCoach, WorkedAnswers
+
+        answers = WorkedAnswers(reader_dist, cfg.coach.self_solve_tokens)
+        return SelfSolvingCoach(coach, answers, cfg.coach.agreement_weight)
     from mappa.models.scorer import ScoreDistributionModel
 
     if local.model_path is None:

@@ -217,6 +217,11 @@ def _coach_problems(cfg: RunConfig) -> list[str]:
             f"coach.answer_check: template {c.template!r} never shows {{answer_check}} (put "
             "it in its reference or user section), so the coach would not see the check"
         )
+    if asked and c.self_solve and (c.backend != "local" or c.local.engine != "llamacpp"):
+        out.append(
+            "coach.self_solve: the coach writes its own solution with llama.cpp only: set "
+            "coach.backend: local and coach.local.engine: llamacpp, or self_solve: false"
+        )
     if asked and c.cache.mode != "off":
         path = Path(c.cache.path) if c.cache.path else cache_root() / "coach_cache.sqlite"
         out.append(_writable_problem("coach.cache.path", path, is_file=True))
