@@ -12,7 +12,7 @@ from mappa.config import AnswerFormat, RunConfig
 from mappa.records import Action, Episode, Score
 from mappa.tasks.math import answers_equal
 from mappa.text import cut_middle
-from mappa.workflow.oracle import action_result
+from mappa.workflow.oracle import recorded_result
 
 ReferenceFor = Literal["none", "final", "all"]
 """Whose actions the coach judges with the reference in view (``CoachConfig.reference_scope``)."""
@@ -110,15 +110,7 @@ class CoachView:
 
 
 def _result(action: Action, is_final: bool, answer_format: AnswerFormat) -> str | None:
-    result, _ = action_result(
-        action.completion_text,
-        is_final=is_final,
-        observation=action.tool_observation,
-        tool_status=action.tool_status,
-        stdout=action.tool_stdout,
-        answer_format=answer_format,
-    )
-    return result
+    return recorded_result(action, is_final=is_final, answer_format=answer_format)[0]
 
 
 def hindsight(

@@ -37,6 +37,19 @@ RIGHT, WRONG = 10.0, 0.0
 there is no result to check)."""
 
 
+def context_result(ctx: CoachContext) -> tuple[str | None, str]:
+    """``mappa.workflow.oracle.action_result`` of the action a coach is shown, and where it
+    was read."""
+    return action_result(
+        ctx.output,
+        is_final=ctx.is_final,
+        observation=ctx.observation,
+        tool_status=ctx.tool_status,
+        stdout=ctx.stdout,
+        answer_format=ctx.answer_format,
+    )
+
+
 def answer_oracle(ctx: CoachContext) -> Score:
     """10 when the action's result (``mappa.workflow.oracle.action_result``: what its
     program printed on stdout, nothing when the program failed; the final agent's answer as
@@ -51,14 +64,7 @@ def answer_oracle(ctx: CoachContext) -> Score:
             "answer; the oracle checks every agent's result against it: set "
             "coach.show_ground_truth: true and coach.reference_for: all"
         )
-    result, where = action_result(
-        ctx.output,
-        is_final=ctx.is_final,
-        observation=ctx.observation,
-        tool_status=ctx.tool_status,
-        stdout=ctx.stdout,
-        answer_format=ctx.answer_format,
-    )
+    result, where = context_result(ctx)
     if result is None:
         return Score(WRONG, f"no result found ({where}); reference {ctx.ground_truth}")
     right = answers_equal(result, ctx.ground_truth)

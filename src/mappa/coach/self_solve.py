@@ -19,9 +19,10 @@ from typing import Protocol
 
 from mappa.coach.base import CoachBackend
 from mappa.coach.context import CoachContext
+from mappa.coach.rules import context_result
 from mappa.records import Score
 from mappa.tasks.math import answers_equal
-from mappa.workflow.oracle import action_result, stated_result
+from mappa.workflow.oracle import stated_result
 
 SOLVE_SYSTEM = (
     "Solve the math problem. Be brief: write one short line per step, then the final "
@@ -64,14 +65,7 @@ def agrees(ctx: CoachContext, answer: str) -> bool:
     """Whether the action's result (``mappa.workflow.oracle.action_result``: a program's
     printed number, nothing for a failed one; the final agent's graded answer; else the
     result its reply states) equals ``answer``; an action with no result does not."""
-    result, _ = action_result(
-        ctx.output,
-        is_final=ctx.is_final,
-        observation=ctx.observation,
-        tool_status=ctx.tool_status,
-        stdout=ctx.stdout,
-        answer_format=ctx.answer_format,
-    )
+    result, _ = context_result(ctx)
     return result is not None and answers_equal(result, answer)
 
 

@@ -81,6 +81,21 @@ def action_result(
     return last_number(stdout), "the last number its program printed on stdout"
 
 
+def recorded_result(
+    action: Action, *, is_final: bool, answer_format: AnswerFormat
+) -> tuple[str | None, str]:
+    """``action_result`` of a recorded action: its reply, tool observation, status and
+    stdout."""
+    return action_result(
+        action.completion_text,
+        is_final=is_final,
+        observation=action.tool_observation,
+        tool_status=action.tool_status,
+        stdout=action.tool_stdout,
+        answer_format=answer_format,
+    )
+
+
 def action_verdict(
     action: Action,
     *,
@@ -94,12 +109,5 @@ def action_verdict(
     counts as not equal, as the grader counts it."""
     if reference is None:
         return None
-    result, _ = action_result(
-        action.completion_text,
-        is_final=is_final,
-        observation=action.tool_observation,
-        tool_status=action.tool_status,
-        stdout=action.tool_stdout,
-        answer_format=answer_format,
-    )
+    result, _ = recorded_result(action, is_final=is_final, answer_format=answer_format)
     return result is not None and answers_equal(result, reference, timeout_s)
