@@ -4,9 +4,16 @@ training code as a run, in seconds."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Ray's switch for a local-only cluster: every node, the driver and the workers use 127.0.0.1
+# (else Ray rewrites a loopback address to the machine's network address). Ray reads it when
+# first imported, so it is set here, before any test module imports Ray (the cluster tests;
+# tests/cluster/test_ray_run.py's two-node fixture checks it took effect).
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 SMOKE_CONFIG = Path(__file__).resolve().parents[1] / "src" / "mappa" / "configs" / "smoke.yaml"
 """The tests' base run config: SmolLM2-135M MathChat, the golden run's source."""

@@ -27,10 +27,8 @@ from mappa.run import checkpoint
 from mappa.run.loop import train
 
 pytestmark = pytest.mark.integration
-# Ray's switch for a local-only cluster: every node, the driver and the workers use 127.0.0.1
-# (else Ray rewrites a loopback address to the machine's network address). Read when Ray is
-# imported, which nothing before this module does; the fixture checks it took effect.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+# Ray's local-only switch (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER) is set in tests/conftest.py,
+# before any test module imports Ray; the fixture checks it took effect.
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install '.[ray]')")
 
 NODE = {"num_cpus": 4, "object_store_memory": 200 * 2**20}
