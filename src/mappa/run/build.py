@@ -320,13 +320,14 @@ def make_runner(
     return runner_for(cfg, engine, chat, workspace_root)
 
 
-def runner_for(
+def _runner_args(
     cfg: RunConfig, policy: SamplingPolicy, chat: ChatFormat, workspace_root: Path
-) -> PipelineRunner:
-    """The pipeline runner of ``cfg`` over any sampling policy and chat format."""
-    from mappa.workflow.runner import PipelineRunner
-
-    return PipelineRunner(
+) -> tuple[Any, ...]:
+    """The arguments both runners share, in their order (a workflow function's runner takes
+    its function before them): the policy and chat format, the agents and workflow,
+    sampling, the prompt limit, a sandbox pool, the workspaces' root and the grader's
+    settings."""
+    return (
         policy,
         chat,
         cfg.agents,
@@ -338,6 +339,15 @@ def runner_for(
         cfg.tasks.answer_format,
         cfg.tasks.grade_timeout_s,
     )
+
+
+def runner_for(
+    cfg: RunConfig, policy: SamplingPolicy, chat: ChatFormat, workspace_root: Path
+) -> PipelineRunner:
+    """The pipeline runner of ``cfg`` over any sampling policy and chat format."""
+    from mappa.workflow.runner import PipelineRunner
+
+    return PipelineRunner(*_runner_args(cfg, policy, chat, workspace_root))
 
 
 def function_runner_for(
@@ -355,19 +365,7 @@ def function_runner_for(
         if cfg.workflow.function is None:
             raise ValueError("workflow.function is not set: this config runs a preset pipeline")
         function = load_workflow(cfg.workflow.function)
-    return FunctionRunner(
-        function,
-        policy,
-        chat,
-        cfg.agents,
-        cfg.workflow,
-        sampling_params(cfg),
-        cfg.rollout.max_prompt_tokens,
-        make_sandbox_pool(cfg.sandbox),
-        workspace_root,
-        cfg.tasks.answer_format,
-        cfg.tasks.grade_timeout_s,
-    )
+    return FunctionRunner(function, *_runner_args(cfg, policy, chat, workspace_root))
 
 
 def local_models(cfg: RunConfig, policies: AgentPolicies | None = None) -> RunModels:
