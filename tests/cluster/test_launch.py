@@ -22,20 +22,23 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip ins
 @pytest.fixture(scope="module")
 def two_gpus() -> Iterator[None]:
     """A private Ray that believes it has two GPUs (there are none: nothing touches CUDA)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # The stand-in actors below travel by value: Ray's workers cannot import this module.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(
-        address="local",
-        num_cpus=4,
-        num_gpus=2,
-        object_store_memory=100 * 2**20,
-        include_dashboard=False,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    # Set for Ray's workers only: left in this process's environment, it would pin every
+    # later test's subprocesses to one thread, and their numbers off this process's.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+        ray.init(
+            address="local",
+            num_cpus=4,
+            num_gpus=2,
+            object_store_memory=100 * 2**20,
+            include_dashboard=False,
+        )
+        try:
+            yield
+        finally:
+            ray.shutdown()
 
 
 class Where:

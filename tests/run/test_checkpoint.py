@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 from conftest import tiny_run_config
 
@@ -106,7 +107,14 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(
     run_dir = tmp_path / "run"
     config = _config(tiny_model_dir, run_dir, tmp_path / "c.yaml", "train.save_every=2")
     marker = tmp_path / "paused"
-    env = {**os.environ, "MAPPA_TEST_PAUSE": pause, "MAPPA_TEST_PAUSE_FILE": str(marker)}
+    env = {
+        **os.environ,
+        "MAPPA_TEST_PAUSE": pause,
+        "MAPPA_TEST_PAUSE_FILE": str(marker),
+        # The reference ran in this process: a float sum over another thread count is
+        # another number (a loss near 0 moves by a fifth).
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),
+    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "mappa.cli", "train", "--config", str(config)],
         env=env,
