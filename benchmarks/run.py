@@ -21,13 +21,17 @@ one JSON line; this script gathers them:
 - demo step: per-phase seconds of a step at a baseline commit (its default config, the
   SmolLM2 demo) vs the working tree's smoke config (``--baseline``; each runs ``mappa
   train`` from its own source tree);
+- W1: rollout seconds a step of `make demo`'s run through the workflow runner (every preset
+  is a workflow function) vs the pipeline runner it replaced (``--runner-baseline``, the
+  last commit that had it), each from its own source tree, alternating rounds; the tokens
+  sampled must be the same;
 - dtype: per-phase seconds of a step with ``model.dtype: float32`` vs ``auto`` (bfloat16 on
   a CPU with bfloat16 instructions), for the smoke config, one step of `make demo`'s run and,
   when its coach and llama.cpp are installed, one step of the CPU experiment's run config.
 
 Run it alone; any other CPU job on a 2-core machine distorts every figure.
 
-    .venv/bin/python benchmarks/run.py [--only P1,...,demo,dtype] [--baseline b30a0bf] [--quick]
+    .venv/bin/python benchmarks/run.py [--only P1,...,demo,W1,dtype] [--baseline b30a0bf] [--quick]
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ EPISODES = ["train.prompts_per_step=4", "train.samples_per_prompt=2"]
 
 DEMO_CONFIG = "configs/demo.yaml"
 """`make demo`'s run, timed without its held-out evaluations."""
+
+NO_EVAL = ["eval.at_start=false", "eval.every=0"]
 
 
 QWEN_CPU_CONFIG = "configs/mathchat_qwen_cpu.yaml"
@@ -534,9 +540,15 @@ def _skipped(name: str, why: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="P1,P2,P3,P4,P5,demo,dtype", help="comma-separated figures")
+    ap.add_argument(
+        "--only", default="P1,P2,P3,P4,P5,demo,W1,dtype", help="comma-separated figures"
+    )
     ap.add_argument("--baseline", default="b30a0bf", help="commit the demo step is compared to")
     ap.add_argument("--demo-steps", type=int, default=2, help="demo steps timed per commit")
+    ap.add_argument(
+        "--runner-baseline", default="a082b45", help="W1: the last commit with the pipeline runner"
+    )
+    ap.add_argument("--runner-rounds", type=int, default=3, help="W1: alternating rounds")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness only")
     ap.add_argument(
         "--vllm-python",
@@ -681,11 +693,33 @@ def main() -> None:
             )
         )
         rows += _phase_rows("demo", f"{{}}, now vs {args.baseline}", new, old)
+    if "W1" in only and not _installed("qwen2.5-coder-0.5b-instruct"):
+        rows.append(_skipped("W1", "the demo's model: needs make install"))
+    elif "W1" in only:
+        steps, rounds = ("1", 1) if args.quick else ("2", args.runner_rounds)
+        base, tree = [], []
+        for _ in range(rounds):  # alternating, so a drift of the machine moves both
+            base.append(_child(["step", args.runner_baseline, steps, DEMO_CONFIG, *NO_EVAL]))
+            tree.append(_child(["step", "-", steps, DEMO_CONFIG, *NO_EVAL]))
+        raw["W1"] = {"pipeline": base, "workflow": tree}
+        tokens = {round(r["rollout_tokens"]) for r in base + tree}
+        rows.append(
+            _row(
+                "W1",
+                f"demo rollout s a step, workflow runner vs the pipeline runner at "
+                f"{args.runner_baseline} ({rounds} x {steps} steps each; "
+                f"{'the same' if len(tokens) == 1 else 'DIFFERENT'} tokens sampled)",
+                mean(r["rollout_s"] for r in tree),
+                mean(r["rollout_s"] for r in base),
+                "<= 1.05x",
+                digits=2,
+            )
+        )
     if "dtype" in only:
         raw["dtype"] = []
         runs = {"smoke": [SMOKE_CONFIG, *EPISODES]}
         if _installed("qwen2.5-coder-0.5b-instruct"):
-            runs["demo"] = [DEMO_CONFIG, "eval.at_start=false", "eval.every=0"]
+            runs["demo"] = [DEMO_CONFIG, *NO_EVAL]
         if importlib.util.find_spec("llama_cpp") and _installed("qwen2.5-coder-1.5b-instruct"):
             runs["CPU experiment"] = [QWEN_CPU_CONFIG]
         else:
