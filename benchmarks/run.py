@@ -103,6 +103,7 @@ def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
     from mappa.models.memory import trim_heap
     from mappa.models.policies import AgentPolicies
     from mappa.workflow.chat import ChatFormat
+    from mappa.workflow.team import chat_messages
 
     cfg = _smoke_config()
     base, tok = load_base(cfg.model.path, cfg.model.dtype, cfg.model.device)
@@ -111,7 +112,9 @@ def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
     loaded = _peak_mib()
     torch.manual_seed(0)
     agent = cfg.agents[0]
-    prompt = ChatFormat(tok).first_prompt(agent.role, agent.input_template.format(task=TASK))
+    prompt = ChatFormat(tok).prompt(
+        chat_messages(agent.role, agent.input_template.format(task=TASK))
+    )
     new_tokens = 16 if quick else cfg.rollout.max_new_tokens
     policies.stop_ids = set()  # every agent samples exactly new_tokens: the same work each
     engine = HfEngine(policies)
@@ -244,7 +247,7 @@ def measure_update(quick: bool) -> dict[str, Any]:
     params, optimizers = build.make_optimizers(cfg, policies)
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
     system, user = spec["conversation"]
-    prompt = ChatFormat(policies.tokenizer).first_prompt(system["content"], user["content"])
+    prompt = ChatFormat(policies.tokenizer).prompt([system, user])
     name = cfg.agents[0].name
     recompute_old = cfg.rl.recompute_old_logprobs == "always"  # as `mappa train` passes it
     rng = random.Random(0)
