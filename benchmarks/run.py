@@ -12,7 +12,8 @@ one JSON line; this script gathers them:
   for the hf engine and, run by ``--vllm-python``, the vllm engine;
 - P3: update tokens/s (old and reference log-probs, loss, backward, Adam) against TRL's
   GRPOTrainer on the same model, LoRA, prompt and batch (``trl_update.py``, in a throwaway
-  venv with TRL that this script makes under ~/.cache/mappa; TRL is no mappa dependency);
+  venv with TRL that this script makes under ~/.cache/mappa; TRL is no mappa dependency),
+  both sides in float32, then both with bfloat16 weights;
 - P4: local coach actions/s, 8 actions in one call against one call each and against the
   previous scorer (``coach_local.py`` has the detail); HTTP coach actions/s at 8 requests in
   flight vs 1, against llama.cpp's server (the coach-server extra) and ``vllm serve`` (run
@@ -198,7 +199,7 @@ def measure_rollout(engine_name: str, quick: bool) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- P3
-def _update_spec(quick: bool) -> dict[str, Any]:
+def _update_spec(quick: bool, dtype: str) -> dict[str, Any]:
     """The batch both trainers update on: the demo's first agent's prompt, its model, LoRA,
     sampling and batch; ``steps`` updates (the first is a warm-up)."""
     from mappa.models.loading import resolve_model_path
@@ -222,10 +223,11 @@ def _update_spec(quick: bool) -> dict[str, Any]:
         "lora_alpha": lora.alpha,
         "target_modules": list(lora.target_modules),
         "steps": 2 if quick else 4,
+        "dtype": dtype,
     }
 
 
-def measure_update(quick: bool) -> dict[str, Any]:
+def measure_update(quick: bool, dtype: str) -> dict[str, Any]:
     """mappa's update (``rl.update.update_agents``: reference log-probs, old ones where
     ``mappa train`` recomputes them, whitened advantages, the clipped loss and one Adam
     step) on the P3 batch, every action the first agent's, scored at random; tokens are
@@ -240,8 +242,9 @@ def measure_update(quick: bool) -> dict[str, Any]:
     from mappa.run import build
     from mappa.workflow.chat import ChatFormat
 
-    spec = _update_spec(quick)
-    cfg = _smoke_config("rl.mask_truncated=false")  # TRL trains truncated completions too
+    spec = _update_spec(quick, dtype)
+    # TRL trains truncated completions too
+    cfg = _smoke_config("rl.mask_truncated=false", f"model.dtype={dtype}")
     policies = build.load_policies(cfg)
     engine = build.make_engine(cfg, policies)
     params, optimizers = build.make_optimizers(cfg, policies)
@@ -303,7 +306,7 @@ TRL_VENV = Path.home() / ".cache" / "mappa" / "bench-trl-venv"
 TRL_PINS = ["trl==1.16.0", "peft==0.21.2", "transformers==5.24.0"]
 
 
-def measure_trl(quick: bool) -> dict[str, Any]:
+def measure_trl(quick: bool, dtype: str) -> dict[str, Any]:
     """TRL's side of P3 in its own venv (made once: torch pinned first, then TRL)."""
     python = TRL_VENV / "bin" / "python"
     if not python.exists():
@@ -312,7 +315,7 @@ def measure_trl(quick: bool) -> dict[str, Any]:
         subprocess.run([*pip, "torch==2.13.0"], check=True)  # never an unpinned torch
         subprocess.run([*pip, *TRL_PINS], check=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json") as spec:
-        spec.write(json.dumps(_update_spec(quick)))
+        spec.write(json.dumps(_update_spec(quick, dtype)))
         spec.flush()
         proc = subprocess.run(
             [str(python), str(ROOT / "benchmarks" / "trl_update.py"), spec.name],
@@ -572,9 +575,9 @@ def main() -> None:
         elif kind == "coach-http":
             result = measure_http_coach(rest[0], args.quick)
         elif kind == "update":
-            result = measure_update(args.quick)
+            result = measure_update(args.quick, rest[0])
         elif kind == "trl":
-            result = measure_trl(args.quick)
+            result = measure_trl(args.quick, rest[0])
         elif kind == "sandbox":
             result = measure_sandbox(args.quick)
         else:
@@ -657,18 +660,20 @@ def main() -> None:
                 )
             )
     if "P3" in only:
-        ours, trl = _child(["update", *quick]), _child(["trl", *quick])
-        raw["P3"] = [ours, trl]
-        rows.append(
-            _row(
-                "P3",
-                f"update tok/s vs TRL GRPOTrainer (~{ours['tokens']:.0f} completion tokens a "
-                "batch)",
-                ours["tok_s"],
-                trl["tok_s"],
-                ">= 1.5x",
+        raw["P3"] = []
+        for dtype in ("float32", "bfloat16"):
+            ours, trl = _child(["update", dtype, *quick]), _child(["trl", dtype, *quick])
+            raw["P3"] += [ours, trl]
+            rows.append(
+                _row(
+                    "P3",
+                    f"update tok/s vs TRL GRPOTrainer, both {dtype} "
+                    f"(~{ours['tokens']:.0f} completion tokens a batch)",
+                    ours["tok_s"],
+                    trl["tok_s"],
+                    ">= 1.5x",
+                )
             )
-        )
     if "P5" in only:
         s = raw["P5"] = _child(["sandbox", *quick])
         rows.append(
