@@ -12,7 +12,8 @@ one JSON line; this script gathers them:
   for the hf engine and, run by ``--vllm-python``, the vllm engine;
 - P3: update tokens/s (old and reference log-probs, loss, backward, Adam) against TRL's
   GRPOTrainer on the same model, LoRA, prompt and batch (``trl_update.py``, in a throwaway
-  venv with TRL that this script makes under ~/.cache/mappa; TRL is no mappa dependency);
+  venv with TRL that this script makes under ~/.cache/mappa; TRL is no mappa dependency),
+  both sides in float32, then both with bfloat16 weights;
 - P4: local coach actions/s, 8 actions in one call against one call each and against the
   previous scorer (``coach_local.py`` has the detail); HTTP coach actions/s at 8 requests in
   flight vs 1, against llama.cpp's server (the coach-server extra) and ``vllm serve`` (run
@@ -21,13 +22,17 @@ one JSON line; this script gathers them:
 - demo step: per-phase seconds of a step at a baseline commit (its default config, the
   SmolLM2 demo) vs the working tree's smoke config (``--baseline``; each runs ``mappa
   train`` from its own source tree);
+- W1: rollout seconds a step of `make demo`'s run through the workflow runner (every preset
+  is a workflow function) vs the pipeline runner it replaced (``--runner-baseline``, the
+  last commit that had it), each from its own source tree, alternating rounds; the tokens
+  sampled must be the same;
 - dtype: per-phase seconds of a step with ``model.dtype: float32`` vs ``auto`` (bfloat16 on
   a CPU with bfloat16 instructions), for the smoke config, one step of `make demo`'s run and,
   when its coach and llama.cpp are installed, one step of the CPU experiment's run config.
 
 Run it alone; any other CPU job on a 2-core machine distorts every figure.
 
-    .venv/bin/python benchmarks/run.py [--only P1,...,demo,dtype] [--baseline b30a0bf] [--quick]
+    .venv/bin/python benchmarks/run.py [--only P1,...,demo,W1,dtype] [--baseline b30a0bf] [--quick]
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ EPISODES = ["train.prompts_per_step=4", "train.samples_per_prompt=2"]
 
 DEMO_CONFIG = "configs/demo.yaml"
 """`make demo`'s run, timed without its held-out evaluations."""
+
+NO_EVAL = ["eval.at_start=false", "eval.every=0"]
 
 
 QWEN_CPU_CONFIG = "configs/mathchat_qwen_cpu.yaml"
@@ -97,6 +104,7 @@ def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
     from mappa.models.memory import trim_heap
     from mappa.models.policies import AgentPolicies
     from mappa.workflow.chat import ChatFormat
+    from mappa.workflow.team import chat_messages
 
     cfg = _smoke_config()
     base, tok = load_base(cfg.model.path, cfg.model.dtype, cfg.model.device)
@@ -105,7 +113,9 @@ def measure_memory(agents: int, quick: bool) -> dict[str, Any]:
     loaded = _peak_mib()
     torch.manual_seed(0)
     agent = cfg.agents[0]
-    prompt = ChatFormat(tok).first_prompt(agent.role, agent.input_template.format(task=TASK))
+    prompt = ChatFormat(tok).prompt(
+        chat_messages(agent.role, agent.input_template.format(task=TASK))
+    )
     new_tokens = 16 if quick else cfg.rollout.max_new_tokens
     policies.stop_ids = set()  # every agent samples exactly new_tokens: the same work each
     engine = HfEngine(policies)
@@ -189,7 +199,7 @@ def measure_rollout(engine_name: str, quick: bool) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- P3
-def _update_spec(quick: bool) -> dict[str, Any]:
+def _update_spec(quick: bool, dtype: str) -> dict[str, Any]:
     """The batch both trainers update on: the demo's first agent's prompt, its model, LoRA,
     sampling and batch; ``steps`` updates (the first is a warm-up)."""
     from mappa.models.loading import resolve_model_path
@@ -213,10 +223,11 @@ def _update_spec(quick: bool) -> dict[str, Any]:
         "lora_alpha": lora.alpha,
         "target_modules": list(lora.target_modules),
         "steps": 2 if quick else 4,
+        "dtype": dtype,
     }
 
 
-def measure_update(quick: bool) -> dict[str, Any]:
+def measure_update(quick: bool, dtype: str) -> dict[str, Any]:
     """mappa's update (``rl.update.update_agents``: reference log-probs, old ones where
     ``mappa train`` recomputes them, whitened advantages, the clipped loss and one Adam
     step) on the P3 batch, every action the first agent's, scored at random; tokens are
@@ -231,14 +242,15 @@ def measure_update(quick: bool) -> dict[str, Any]:
     from mappa.run import build
     from mappa.workflow.chat import ChatFormat
 
-    spec = _update_spec(quick)
-    cfg = _smoke_config("rl.mask_truncated=false")  # TRL trains truncated completions too
+    spec = _update_spec(quick, dtype)
+    # TRL trains truncated completions too
+    cfg = _smoke_config("rl.mask_truncated=false", f"model.dtype={dtype}")
     policies = build.load_policies(cfg)
     engine = build.make_engine(cfg, policies)
     params, optimizers = build.make_optimizers(cfg, policies)
     kl_ctl = KLController(cfg.rl.kl_beta, cfg.rl.kl_target, cfg.rl.kl_horizon)
     system, user = spec["conversation"]
-    prompt = ChatFormat(policies.tokenizer).first_prompt(system["content"], user["content"])
+    prompt = ChatFormat(policies.tokenizer).prompt([system, user])
     name = cfg.agents[0].name
     recompute_old = cfg.rl.recompute_old_logprobs == "always"  # as `mappa train` passes it
     rng = random.Random(0)
@@ -294,7 +306,7 @@ TRL_VENV = Path.home() / ".cache" / "mappa" / "bench-trl-venv"
 TRL_PINS = ["trl==1.16.0", "peft==0.21.2", "transformers==5.24.0"]
 
 
-def measure_trl(quick: bool) -> dict[str, Any]:
+def measure_trl(quick: bool, dtype: str) -> dict[str, Any]:
     """TRL's side of P3 in its own venv (made once: torch pinned first, then TRL)."""
     python = TRL_VENV / "bin" / "python"
     if not python.exists():
@@ -303,7 +315,7 @@ def measure_trl(quick: bool) -> dict[str, Any]:
         subprocess.run([*pip, "torch==2.13.0"], check=True)  # never an unpinned torch
         subprocess.run([*pip, *TRL_PINS], check=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json") as spec:
-        spec.write(json.dumps(_update_spec(quick)))
+        spec.write(json.dumps(_update_spec(quick, dtype)))
         spec.flush()
         proc = subprocess.run(
             [str(python), str(ROOT / "benchmarks" / "trl_update.py"), spec.name],
@@ -534,9 +546,15 @@ def _skipped(name: str, why: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="P1,P2,P3,P4,P5,demo,dtype", help="comma-separated figures")
+    ap.add_argument(
+        "--only", default="P1,P2,P3,P4,P5,demo,W1,dtype", help="comma-separated figures"
+    )
     ap.add_argument("--baseline", default="b30a0bf", help="commit the demo step is compared to")
     ap.add_argument("--demo-steps", type=int, default=2, help="demo steps timed per commit")
+    ap.add_argument(
+        "--runner-baseline", default="a082b45", help="W1: the last commit with the pipeline runner"
+    )
+    ap.add_argument("--runner-rounds", type=int, default=3, help="W1: alternating rounds")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness only")
     ap.add_argument(
         "--vllm-python",
@@ -557,9 +575,9 @@ def main() -> None:
         elif kind == "coach-http":
             result = measure_http_coach(rest[0], args.quick)
         elif kind == "update":
-            result = measure_update(args.quick)
+            result = measure_update(args.quick, rest[0])
         elif kind == "trl":
-            result = measure_trl(args.quick)
+            result = measure_trl(args.quick, rest[0])
         elif kind == "sandbox":
             result = measure_sandbox(args.quick)
         else:
@@ -642,18 +660,20 @@ def main() -> None:
                 )
             )
     if "P3" in only:
-        ours, trl = _child(["update", *quick]), _child(["trl", *quick])
-        raw["P3"] = [ours, trl]
-        rows.append(
-            _row(
-                "P3",
-                f"update tok/s vs TRL GRPOTrainer (~{ours['tokens']:.0f} completion tokens a "
-                "batch)",
-                ours["tok_s"],
-                trl["tok_s"],
-                ">= 1.5x",
+        raw["P3"] = []
+        for dtype in ("float32", "bfloat16"):
+            ours, trl = _child(["update", dtype, *quick]), _child(["trl", dtype, *quick])
+            raw["P3"] += [ours, trl]
+            rows.append(
+                _row(
+                    "P3",
+                    f"update tok/s vs TRL GRPOTrainer, both {dtype} "
+                    f"(~{ours['tokens']:.0f} completion tokens a batch)",
+                    ours["tok_s"],
+                    trl["tok_s"],
+                    ">= 1.5x",
+                )
             )
-        )
     if "P5" in only:
         s = raw["P5"] = _child(["sandbox", *quick])
         rows.append(
@@ -681,11 +701,33 @@ def main() -> None:
             )
         )
         rows += _phase_rows("demo", f"{{}}, now vs {args.baseline}", new, old)
+    if "W1" in only and not _installed("qwen2.5-coder-0.5b-instruct"):
+        rows.append(_skipped("W1", "the demo's model: needs make install"))
+    elif "W1" in only:
+        steps, rounds = ("1", 1) if args.quick else ("2", args.runner_rounds)
+        base, tree = [], []
+        for _ in range(rounds):  # alternating, so a drift of the machine moves both
+            base.append(_child(["step", args.runner_baseline, steps, DEMO_CONFIG, *NO_EVAL]))
+            tree.append(_child(["step", "-", steps, DEMO_CONFIG, *NO_EVAL]))
+        raw["W1"] = {"pipeline": base, "workflow": tree}
+        tokens = {round(r["rollout_tokens"]) for r in base + tree}
+        rows.append(
+            _row(
+                "W1",
+                f"demo rollout s a step, workflow runner vs the pipeline runner at "
+                f"{args.runner_baseline} ({rounds} x {steps} steps each; "
+                f"{'the same' if len(tokens) == 1 else 'DIFFERENT'} tokens sampled)",
+                mean(r["rollout_s"] for r in tree),
+                mean(r["rollout_s"] for r in base),
+                "<= 1.05x",
+                digits=2,
+            )
+        )
     if "dtype" in only:
         raw["dtype"] = []
         runs = {"smoke": [SMOKE_CONFIG, *EPISODES]}
         if _installed("qwen2.5-coder-0.5b-instruct"):
-            runs["demo"] = [DEMO_CONFIG, "eval.at_start=false", "eval.every=0"]
+            runs["demo"] = [DEMO_CONFIG, *NO_EVAL]
         if importlib.util.find_spec("llama_cpp") and _installed("qwen2.5-coder-1.5b-instruct"):
             runs["CPU experiment"] = [QWEN_CPU_CONFIG]
         else:

@@ -1,9 +1,11 @@
 """TRL's GRPOTrainer update throughput on the demo's model, LoRA and batch (P3's baseline).
 
 Runs inside a throwaway venv that has TRL (``benchmarks/run.py`` makes it; TRL is never a
-dependency of mappa) and imports nothing of mappa. Settings are those of mappa's side:
-float32, no gradient checkpointing (TRL's defaults are bf16 and checkpointing on), LoRA on
-the attention projections, one update per batch (``num_iterations=1``), a KL penalty
+dependency of mappa) and imports nothing of mappa. Settings are those of mappa's side: the
+weights in the spec's dtype, and with bfloat16 weights the forward autocast to bfloat16
+(as mappa's ``model.dtype: bfloat16`` computes; PEFT keeps the LoRA weights in float32 on
+both sides), no gradient checkpointing (TRL's default is on), LoRA on the attention
+projections, one update per batch (``num_iterations=1``), a KL penalty
 against the adapter-less reference (``beta``). The update time of a step is its wall time
 minus generation; its tokens are the completion tokens trained. Prints one JSON line.
 
@@ -57,7 +59,8 @@ def main() -> None:
             beta=spec["kl_beta"],
             num_iterations=1,
             max_steps=spec["steps"],
-            bf16=False,
+            bf16=spec["dtype"] == "bfloat16",  # autocast, as mappa's half-precision forward
+            model_init_kwargs={"dtype": spec["dtype"]},
             gradient_checkpointing=False,
             use_cpu=True,
             logging_steps=1,

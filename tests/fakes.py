@@ -55,11 +55,8 @@ class FakeCharChat:
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
-    def first_prompt(self, role: str, text: str) -> list[int]:
-        return self.encode(f"{role}\n{text}\n")
-
     def prompt(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """A conversation, rendered as ``first_prompt`` renders a system and a user message."""
+        """A conversation: each message's content on a line of its own."""
         return self.encode("".join(f"{m['content']}\n" for m in messages))
 
     def decode(self, ids: Sequence[int], skip_special: bool = True) -> str:

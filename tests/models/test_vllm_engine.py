@@ -25,6 +25,7 @@ import torch
 from conftest import build_tiny_model, tiny_run_config
 
 from mappa.models.hf_engine import HfEngine
+from mappa.workflow.team import chat_messages
 
 pytestmark = pytest.mark.integration
 needs_vllm = pytest.mark.skipif(
@@ -94,7 +95,7 @@ def _prompts(policies: Any) -> list[list[int]]:
 
     chat = ChatFormat(policies.tokenizer)
     texts = ["What is 2 + 3?", "Write code that prints the sum.", "Is 17 prime? Answer."]
-    return [chat.first_prompt("You solve problems.", t) for t in texts]
+    return [chat.prompt(chat_messages("You solve problems.", t)) for t in texts]
 
 
 def _trainer_logprobs(

@@ -1153,5 +1153,5 @@ def test_rl_imports_no_runner_trainer_evaluation_or_coach() -> None:
     loaded = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
-    forbidden = ("mappa.workflow.runner", "mappa.run.loop", "mappa.run.evaluation", "mappa.coach")
+    forbidden = ("mappa.workflow.function", "mappa.run.loop", "mappa.run.evaluation", "mappa.coach")
     assert not [m for m in loaded if m.startswith(forbidden)]

@@ -11,6 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from mappa.workflow.chat import ChatFormat
+from mappa.workflow.team import chat_messages
 
 TURN = "Code output:\n17"
 NEXT = f"\n<|im_start|>user\n{TURN}<|im_end|>\n<|im_start|>assistant\n"
@@ -46,7 +47,7 @@ def test_completion_ending_in_the_end_of_turn_token_is_not_closed_twice(chat: Ch
     completion = [*chat.encode("hello"), im_end]
     turn = chat.tool_turn(TURN, last_token=im_end)
     assert chat.decode(turn, skip_special=False) == NEXT
-    full = chat.first_prompt("sys", "q") + completion + turn
+    full = chat.prompt(chat_messages("sys", "q")) + completion + turn
     assert full == _rendered(chat, "hello")
 
 
@@ -59,7 +60,7 @@ def test_completion_ending_in_another_stop_token_still_gets_the_end_of_turn(
     turn = chat.tool_turn(TURN, last_token=eot)
     assert chat.decode(turn, skip_special=False) == "<|im_end|>" + NEXT
     assert turn[0] == ids_of(chat, "<|im_end|>")
-    full = chat.first_prompt("sys", "q") + completion + turn
+    full = chat.prompt(chat_messages("sys", "q")) + completion + turn
     assert full == _rendered(chat, "hello<|endoftext|>")
 
 
@@ -70,7 +71,7 @@ def test_truncated_or_empty_completion_gets_the_end_of_turn(
     last_token = chat.encode(last)[-1] if last else None
     turn = chat.tool_turn(TURN, last_token=last_token)
     assert chat.decode(turn, skip_special=False) == "<|im_end|>" + NEXT
-    full = chat.first_prompt("sys", "q") + chat.encode("hello") + turn
+    full = chat.prompt(chat_messages("sys", "q")) + chat.encode("hello") + turn
     assert full == _rendered(chat, "hello")
 
 
@@ -118,9 +119,11 @@ def test_template_kwargs_turn_thinking_off(tiny_model_dir: Path, tmp_path: Path)
 
     tok = _tokenizer(tiny_model_dir)
     tok.chat_template = FAKE_THINKING_TEMPLATE
-    on = ChatFormat(tok).decode(ChatFormat(tok).first_prompt("sys", "q"), skip_special=False)
+    on = ChatFormat(tok).decode(
+        ChatFormat(tok).prompt(chat_messages("sys", "q")), skip_special=False
+    )
     off_chat = ChatFormat(tok, {"enable_thinking": False})
-    off = off_chat.decode(off_chat.first_prompt("sys", "q"), skip_special=False)
+    off = off_chat.decode(off_chat.prompt(chat_messages("sys", "q")), skip_special=False)
     assert on.endswith("<|im_start|>assistant\n") and "<think>" not in on
     assert off == on + "<think>\n\n</think>\n\n"
     cfg = tiny_run_config(
@@ -128,7 +131,7 @@ def test_template_kwargs_turn_thinking_off(tiny_model_dir: Path, tmp_path: Path)
     )
     runner = make_runner(cfg, None, tok, tmp_path)  # type: ignore[arg-type]
     try:
-        rendered = runner.chat.first_prompt("sys", "q")
+        rendered = runner.chat.prompt(chat_messages("sys", "q"))
     finally:
         runner.close()
     assert runner.chat.decode(rendered, skip_special=False) == off

@@ -19,8 +19,8 @@ from mappa.tasks import Task
 from mappa.tasks.dsbench.report import dsbench_report
 from mappa.tasks.dsbench.synthetic import generate
 from mappa.workflow.chat import ChatFormat
+from mappa.workflow.function import FunctionRunner
 from mappa.workflow.interface import RolloutInput
-from mappa.workflow.runner import PipelineRunner
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,7 +68,7 @@ def _team(saves_test: bool, analyst: list[str] | None = None) -> dict[str, list[
 
 def _runner(
     tmp_path: Path, tokenizer: Any, saves_test: bool, analyst: list[str] | None = None
-) -> tuple[PipelineRunner, list[AgentConfig]]:
+) -> tuple[FunctionRunner, list[AgentConfig]]:
     cfg = load_config(
         REPO / "configs" / "dsbench_cpu.yaml",
         ["sandbox.timeout_s=60", "rollout.max_prompt_tokens=100000"],

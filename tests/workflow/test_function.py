@@ -256,7 +256,7 @@ SCRIPTS = {
 @pytest.mark.parametrize(
     ("agents", "fn"), [(LINEAR, linear), (TOOL_LOOP, with_tool_loop)], ids=["linear", "tool-loop"]
 )
-def test_a_preset_team_as_a_workflow_samples_and_records_what_the_pipeline_does(
+def test_a_preset_samples_and_records_what_the_same_team_written_by_hand_does(
     agents: list[AgentConfig], fn: WorkflowFn, tmp_path: Path
 ) -> None:
     from mappa.run.build import runner_for
@@ -265,11 +265,11 @@ def test_a_preset_team_as_a_workflow_samples_and_records_what_the_pipeline_does(
     chat = FakeCharChat()
     tasks = [Task(f"t{i}", f"What is 2 + {i}?", "4") for i in range(3)]
     runs = {}
-    for kind in ("pipeline", "workflow"):
+    for kind in ("preset", "by hand"):
         policy = FakeScriptedPolicy(chat.encode, SCRIPTS)
         runner = (
             runner_for(cfg, policy, chat, tmp_path / kind)  # type: ignore[arg-type]  # a fake chat
-            if kind == "pipeline"
+            if kind == "preset"
             else FunctionRunner(
                 fn,
                 policy,
@@ -286,7 +286,7 @@ def test_a_preset_team_as_a_workflow_samples_and_records_what_the_pipeline_does(
             runs[kind] = (runner.run(RolloutInput(tasks)).episodes, policy.seen)
         finally:
             runner.close()
-    (pipe, pipe_batches), (flow, flow_batches) = runs["pipeline"], runs["workflow"]
+    (pipe, pipe_batches), (flow, flow_batches) = runs["preset"], runs["by hand"]
     assert flow_batches == pipe_batches  # the same generate calls, with the same prompts
     fields = ("agent", "turn", "prompt_ids", "completion_ids", "prompt_text", "oracle")
     fields += ("tool_observation", "tool_status", "tool_stdout")

@@ -18,8 +18,8 @@ from mappa.config.schema import TaskConfig
 from mappa.records import Episode
 from mappa.run.build import runner_for
 from mappa.tasks import Task
+from mappa.workflow.function import FunctionRunner
 from mappa.workflow.interface import RolloutInput
-from mappa.workflow.runner import PipelineRunner
 
 pytestmark = pytest.mark.filterwarnings("ignore::mappa.sandbox.SandboxIsolationWarning")
 
@@ -89,7 +89,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Episode
         runner.close()
 
 
-def _one(runner: PipelineRunner, name: str, reference: str) -> Episode:
+def _one(runner: FunctionRunner, name: str, reference: str) -> Episode:
     [episode] = runner.run(RolloutInput([Task(name, "Compute it.", reference)])).episodes
     return episode
 

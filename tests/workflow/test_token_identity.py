@@ -28,6 +28,7 @@ from mappa.run.build import runner_for
 from mappa.tasks import Task
 from mappa.workflow.chat import ChatFormat
 from mappa.workflow.interface import RolloutInput
+from mappa.workflow.team import chat_messages
 
 
 class RecordingPolicy:
@@ -171,7 +172,8 @@ def test_sampling_logprobs_match_training_logprobs_across_a_tool_turn(tiny: Agen
     chat = ChatFormat(tiny.tokenizer)
     torch.manual_seed(0)
     prompts = [
-        chat.first_prompt("You are the Code Executor.", f"Compute {i} + 5.") for i in range(3)
+        chat.prompt(chat_messages("You are the Code Executor.", f"Compute {i} + 5."))
+        for i in range(3)
     ]
     engine = HfEngine(tiny)
     first = engine.generate("code_executor", prompts, max_new_tokens=10)

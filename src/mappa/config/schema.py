@@ -251,9 +251,10 @@ class WorkflowConfig(Strict):
         0.25,
         ge=0.0,
         le=1.0,
-        description="With `function`: a rollout in which more than this share of the "
-        "episodes' workflows raised stops the run with the first traceback (fewer: those "
-        "episodes are marked failed, with their traceback, and the run goes on).",
+        description="A rollout in which more than this share of the episodes' workflows "
+        "raised stops the run with the first traceback (fewer: those episodes are marked "
+        "failed, with their traceback, and the run goes on). A preset pipeline is a workflow "
+        "too: its episode fails where a first prompt exceeds `rollout.max_prompt_tokens`.",
     )
     tool_turn_template: str = Field(
         "Code output:\n```\n{observation}\n```\nContinue. If the result is final, answer "

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from mappa.workflow.chat import ChatFormat
     from mappa.workflow.function import FunctionRunner
     from mappa.workflow.interface import Rollout
-    from mappa.workflow.runner import PipelineRunner
     from mappa.workflow.team import WorkflowFn
 
 
@@ -310,24 +309,34 @@ def sync_probe(cfg: RunConfig, models: RunModels) -> SyncProbe | None:
 def make_runner(
     cfg: RunConfig, engine: RolloutEngine, tokenizer: object, workspace_root: Path
 ) -> Rollout:
-    """The in-process rollout sampling from ``engine``: the workflow function's
-    (``workflow.function``), else the preset pipeline's; close it to end its sandboxes."""
+    """The in-process rollout sampling from ``engine``; close it to end its sandboxes."""
     from mappa.workflow.chat import ChatFormat
 
     chat = ChatFormat(tokenizer, cfg.model.chat_template_kwargs)
-    if cfg.workflow.function is not None:
-        return function_runner_for(cfg, engine, chat, workspace_root)
     return runner_for(cfg, engine, chat, workspace_root)
 
 
-def _runner_args(
-    cfg: RunConfig, policy: SamplingPolicy, chat: ChatFormat, workspace_root: Path
-) -> tuple[Any, ...]:
-    """The arguments both runners share, in their order (a workflow function's runner takes
-    its function before them): the policy and chat format, the agents and workflow,
-    sampling, the prompt limit, a sandbox pool, the workspaces' root and the grader's
-    settings."""
-    return (
+def runner_for(
+    cfg: RunConfig,
+    policy: SamplingPolicy,
+    chat: ChatFormat,
+    workspace_root: Path,
+    function: WorkflowFn | None = None,
+) -> FunctionRunner:
+    """The rollout of ``cfg`` over any sampling policy and chat format: of ``function`` when
+    given, else of the config's workflow function (``workflow.function``), else of its
+    preset pipeline written as one (``preset_workflow``)."""
+    from mappa.workflow.function import FunctionRunner, load_workflow
+    from mappa.workflow.preset import preset_workflow
+
+    if function is None:
+        function = (
+            preset_workflow(cfg.agents, cfg.workflow)
+            if cfg.workflow.function is None
+            else load_workflow(cfg.workflow.function)
+        )
+    return FunctionRunner(
+        function,
         policy,
         chat,
         cfg.agents,
@@ -339,33 +348,6 @@ def _runner_args(
         cfg.tasks.answer_format,
         cfg.tasks.grade_timeout_s,
     )
-
-
-def runner_for(
-    cfg: RunConfig, policy: SamplingPolicy, chat: ChatFormat, workspace_root: Path
-) -> PipelineRunner:
-    """The pipeline runner of ``cfg`` over any sampling policy and chat format."""
-    from mappa.workflow.runner import PipelineRunner
-
-    return PipelineRunner(*_runner_args(cfg, policy, chat, workspace_root))
-
-
-def function_runner_for(
-    cfg: RunConfig,
-    policy: SamplingPolicy,
-    chat: ChatFormat,
-    workspace_root: Path,
-    function: WorkflowFn | None = None,
-) -> FunctionRunner:
-    """The runner of ``cfg``'s workflow function (or of ``function``, given) over any
-    sampling policy and chat format."""
-    from mappa.workflow.function import FunctionRunner, load_workflow
-
-    if function is None:
-        if cfg.workflow.function is None:
-            raise ValueError("workflow.function is not set: this config runs a preset pipeline")
-        function = load_workflow(cfg.workflow.function)
-    return FunctionRunner(function, *_runner_args(cfg, policy, chat, workspace_root))
 
 
 def local_models(cfg: RunConfig, policies: AgentPolicies | None = None) -> RunModels:

@@ -1,1 +1,1 @@
-"""Agents, prompt rendering and the pipeline runner (the records they write: mappa.records)."""
+"""Agents, prompt rendering and the workflow runner (the records they write: mappa.records)."""

@@ -64,12 +64,6 @@ class ChatFormat:
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special)
 
-    def first_prompt(self, system: str, user: str) -> list[int]:
-        """Ids of ``system`` + ``user`` messages followed by the assistant header."""
-        return self.prompt(
-            [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        )
-
     def prompt(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         """Ids of a whole conversation followed by the assistant header (a workflow
         function's call: the messages it wrote, earlier replies among them as text)."""

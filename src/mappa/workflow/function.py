@@ -5,8 +5,8 @@ Every episode's workflow runs as an asyncio task on one event loop; a team call 
 prompt and waits. When every live episode waits (``_settle``), the queued prompts go to the
 engine as one ``generate`` batch per agent, the calls that run code go to the sandbox pool
 as one batch, every call becomes an ``Action`` of its episode, and the workflows resume.
-``FunctionRunner`` implements the ``Rollout`` interface as ``PipelineRunner`` does, so the
-loop, coach, update, report and resume take its episodes unchanged.
+``FunctionRunner`` implements the ``Rollout`` interface; it is the one runner: a preset
+pipeline runs on it as a workflow function too (``mappa.workflow.preset``).
 """
 
 from __future__ import annotations
@@ -22,16 +22,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm import tqdm
+
 from mappa.config import AgentConfig, AnswerFormat, WorkflowConfig
 from mappa.models.interface import Sample, SamplingPolicy
 from mappa.records import Action, Episode, ToolStatus
 from mappa.sandbox import SandboxPool, Workspace
 from mappa.tasks import Task
 from mappa.workflow.chat import ChatFormat, plain_transcript
+from mappa.workflow.code_runs import execute_replies, missing_artifacts
 from mappa.workflow.episodes import grade_episode, open_episodes
 from mappa.workflow.interface import Phase, RolloutInput, RolloutOutput, SamplingParams
 from mappa.workflow.outcome import judge
-from mappa.workflow.runner import execute_replies, missing_artifacts
 from mappa.workflow.team import (
     PromptTooLong,
     Reply,
@@ -134,8 +136,9 @@ class _Rollout:
         self.workspaces, self.params = workspaces, params
         self.queue: list[_Call] = []
 
-    async def run_all(self, fn: WorkflowFn) -> list[asyncio.Task[str | None]]:
-        """Every episode's workflow to its end, calls answered in batches."""
+    async def run_all(self, fn: WorkflowFn, desc: str) -> list[asyncio.Task[str | None]]:
+        """Every episode's workflow to its end, calls answered in batches; a progress bar
+        (``desc``) counts finished episodes and the actions taken so far."""
         r = self.runner
         teams = [
             Team(r.agents, _EpisodeBackend(self, i), r.workflow) for i in range(len(self.tasks))
@@ -144,15 +147,18 @@ class _Rollout:
             asyncio.ensure_future(fn(task.prompt, team))
             for task, team in zip(self.tasks, teams, strict=True)
         ]
-        while True:
-            await _settle()
-            live = [t for t in runs if not t.done()]
-            if not live:
-                return runs
-            if self.queue:
-                self.flush()
-            else:  # every live workflow awaits something outside the team
-                await asyncio.wait(live, timeout=0.01)
+        with tqdm(total=len(runs), desc=desc, unit="episode", leave=False) as bar:
+            while True:
+                await _settle()
+                live = [t for t in runs if not t.done()]
+                bar.update(len(runs) - len(live) - bar.n)
+                if not live:
+                    return runs
+                if self.queue:
+                    self.flush()
+                    bar.set_postfix(actions=sum(len(e.actions) for e in self.episodes))
+                else:  # every live workflow awaits something outside the team
+                    await asyncio.wait(live, timeout=0.01)
 
     def flush(self) -> None:
         """Answer every queued call: one ``generate`` per agent, one sandbox batch."""
@@ -275,9 +281,19 @@ class FunctionRunner:
 
     Args:
         function: the workflow (``load_workflow``).
-        policy, chat, agents, workflow, sampling, max_prompt_tokens, pool, workspace_root,
-            answer_format, grade_timeout_s: as ``PipelineRunner``'s. The last agent is the
-            final agent: the one whose actions the oracle reads as final answers.
+        policy: samples for each agent (its own adapter).
+        chat: the tokenizer's chat format, in token space.
+        agents: the team; the last is the final agent, whose actions the oracle reads as
+            final answers (and, on modeling tasks, are each judged as they leave the
+            workspace).
+        workflow: tool-turn template, the tool-output budget agents see, and how many
+            failed episodes a rollout tolerates.
+        sampling: how each phase samples.
+        max_prompt_tokens: the context limit; a call that would exceed it raises
+            ``PromptTooLong`` in the workflow.
+        pool: runs agents' code; owned from here on (``close()`` closes it).
+        workspace_root: episodes' shared directories go under ``<root>/<phase>/step<N>/``.
+        answer_format, grade_timeout_s: how the final answer is graded.
     """
 
     def __init__(
@@ -304,6 +320,8 @@ class FunctionRunner:
         self.max_prompt_tokens = max_prompt_tokens
         self.sandbox = pool
         self.workspace_root = workspace_root
+        self.workspaces: dict[str, Workspace] = {}
+        """The last rollout's episode id -> its shared workspace, with who made which file."""
         self.answer_format: AnswerFormat = answer_format
         self.grade_timeout_s = grade_timeout_s
 
@@ -315,8 +333,10 @@ class FunctionRunner:
         start = time.monotonic()
         tasks = batch.tasks
         episodes, workspaces = open_episodes(tasks, batch.step, batch.phase, self.workspace_root)
+        self.workspaces = workspaces
         rollout = _Rollout(self, tasks, episodes, workspaces, self.sampling[batch.phase])
-        runs = run_sync(rollout.run_all(self.function))
+        desc = f"{batch.phase} rollout step {batch.step}"
+        runs = run_sync(rollout.run_all(self.function, desc))
         for ep, task, done in zip(episodes, tasks, runs, strict=True):
             workspace = workspaces[ep.episode_id]
             for agent in self.agents:

@@ -4,7 +4,7 @@ In the spirit of SkyRL's ``GeneratorInterface``: the trainer hands a ``RolloutIn
 whatever implements ``Rollout`` and gets episodes back. The phase (``train`` or ``eval``)
 replaces sampling flags: the rollout maps it to its own sampling settings (training
 temperature, or the evaluation protocol's temperature and greedy decoding). The in-process
-``PipelineRunner`` is one implementation; another engine (vLLM, Ray actors) plugs in here
+``FunctionRunner`` is one implementation; another engine (vLLM, Ray actors) plugs in here
 without the trainer changing.
 """
 

@@ -1,10 +1,12 @@
 """A preset's linear pipeline as a workflow function: the agents in order, each prompted
 with its ``input_template`` and, when it runs code, its tool loop continued in token space.
 
-It records what ``PipelineRunner`` records, call for call (the same prompts, batches and
-grades; tests/workflow/test_preset.py compares them side by side), so a preset can run on
-the workflow machinery. One difference, on an error path only: a first prompt longer than
-``rollout.max_prompt_tokens`` fails its episode here, where the pipeline stops the run.
+Every stage's calls from all episodes meet in one batch per agent (and, within a tool
+loop, the calls of the episodes still looping), so a 3-agent pipeline costs a handful of
+batched generate calls per rollout. A first prompt longer than
+``rollout.max_prompt_tokens`` fails its episode; too many failed episodes stop the run
+(``workflow.max_failed_share``). With ``sandbox.mode: persistent`` an agent's interpreter
+lives until its episode ends, as in any workflow.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Sequence
 
 from mappa.config import AgentConfig, WorkflowConfig
 from mappa.text import cut_middle
-from mappa.workflow.runner import missing_note
+from mappa.workflow.code_runs import missing_note
 from mappa.workflow.team import PromptTooLong, Team, WorkflowFn
 
 
