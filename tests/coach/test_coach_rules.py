@@ -1,5 +1,5 @@
-"""The rules coach: the answer oracle's checks per kind of action, user rules, and how a
-broken rule or config is refused."""
+"""The rules coach: the answer oracle's checks per kind of action, the label-free control
+rules (form only, random), user rules, and how a broken rule or config is refused."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from conftest import SMOKE_CONFIG
 
 from mappa.coach import CoachFatalError
 from mappa.coach.context import CoachContext
-from mappa.coach.rules import ORACLE, RuleCoach, answer_oracle, load_rule
+from mappa.coach.rules import (
+    ORACLE,
+    RuleCoach,
+    answer_oracle,
+    format_rule,
+    load_rule,
+    random_score,
+)
 from mappa.config import load_config
 from mappa.records import Score
 from mappa.run import build, preflight
@@ -134,3 +141,64 @@ def test_make_coach_builds_the_rule_uncached_and_without_a_model() -> None:
     cfg = load_config(SMOKE_CONFIG, ["coach.backend=rules", "coach.reference_for=all"])
     coach = build.make_coach(cfg, policies=None)
     assert isinstance(coach, RuleCoach) and coach.rule is answer_oracle
+
+
+@pytest.mark.parametrize(
+    ("fields", "value"),
+    [
+        ({**_FINAL, "output": "So \\boxed{11}."}, 10.0),
+        ({**_FINAL, "output": "So \\boxed{11}.", "truncated": True}, 5.0),
+        ({**_FINAL, "output": "The answer is 11."}, 5.0),  # the grader reads no boxed answer
+        ({**_RAN, "stdout": "11\n"}, 10.0),
+        ({**_RAN, "stdout": "done\n"}, 5.0),  # ran, printed no number
+        ({**_RAN, "tool_status": "error", "stdout": "11\n"}, 5.0),  # failed: no result
+        ({"output": "5 + 6 = 11"}, 10.0),
+        ({"output": "Let me think", "truncated": True}, 0.0),
+    ],
+    ids=[
+        "boxed",
+        "boxed-cut-off",
+        "unboxed",
+        "printed",
+        "no-number",
+        "crashed",
+        "stated",
+        "cut-off-nothing",
+    ],
+)
+def test_the_format_rule_scores_form_and_never_the_reference(
+    fields: dict[str, object], value: float
+) -> None:
+    ctx = dataclasses.replace(CTX, **fields)
+    score = format_rule(ctx)
+    assert score.value == value, score.rationale
+    # a wrong reference, or none, changes nothing: the rule reads no label
+    for reference in (None, "12"):
+        assert format_rule(dataclasses.replace(ctx, ground_truth=reference)) == score
+
+
+def test_the_random_score_is_a_fixed_uniform_draw_per_action() -> None:
+    contexts = [dataclasses.replace(CTX, output=f"reply {i}") for i in range(2000)]
+    values = [random_score(c).value for c in contexts]
+    assert values == [random_score(c).value for c in contexts]  # a rerun agrees
+    assert all(0.0 <= v <= 10.0 for v in values)
+    deciles = [sum(k <= v < k + 1 for v in values) for k in range(10)]
+    assert min(deciles) > 150 and max(deciles) < 250  # ~200 each: uniform over 0-10
+
+
+@pytest.mark.parametrize("rule", ["format_rule", "random_score"])
+def test_the_control_rules_run_without_any_reference(rule: str) -> None:
+    cfg = load_config(
+        SMOKE_CONFIG,
+        [
+            "coach.backend=rules",
+            f"coach.rules.function=mappa.coach.rules:{rule}",
+            "coach.show_ground_truth=false",
+            "rl.w_process=1",
+        ],
+    )
+    preflight.check(cfg)
+    coach = build.make_coach(cfg, policies=None)
+    assert isinstance(coach, RuleCoach)
+    scores = coach.score([CTX, dataclasses.replace(CTX, output="5 + 6 = 11")])
+    assert all(s.backend == "rules" and 0 <= s.value <= 10 for s in scores)

@@ -8,14 +8,22 @@ reference for the agents ``coach.reference_for`` names, the tool status and stdo
 code run), so a team can reward its own checks per action with the rest of the loop
 (advantages, health metrics, report) unchanged.
 
-``answer_oracle`` is the built-in rule: each action's result checked against the reference
-answer (``mappa.workflow.oracle``), the best a coach could do on an answer task. The gap
-between a run trained on it and one trained on a model coach is the price of the real coach.
+Built-in rules, each a yardstick for a model coach:
+
+- ``answer_oracle``: each action's result checked against the reference answer
+  (``mappa.workflow.oracle``), the best a coach could do on an answer task. The gap between
+  a run trained on it and one trained on a model coach is the price of the real coach.
+- ``format_rule``: form only, no label: a reply not cut off that commits to a result in
+  the form its role owes. It separates "an LLM judges the process" from "any dense
+  shaping of form".
+- ``random_score``: a uniform score per action, a fixed function of the action: the
+  control for "more full-size optimizer steps" against "better credit".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import math
 import time
@@ -74,6 +82,35 @@ def answer_oracle(ctx: CoachContext) -> Score:
         f"{where} is {result}: it {verdict} the reference {ctx.ground_truth}",
         answer_correct=right,
     )
+
+
+FORMAT_PART = 5.0
+"""``format_rule``'s points for each of its two checks."""
+
+
+def format_rule(ctx: CoachContext) -> Score:
+    """Form, not content: 5 points for a reply not cut off at the token limit, 5 for one
+    that commits to a result in the form its role owes (``action_result``: the final
+    agent's answer as the grader reads it, a program that ran and printed a number, any
+    other reply's stated result). Never reads the reference."""
+    result, where = context_result(ctx)
+    whole = not ctx.truncated
+    value = FORMAT_PART * whole + FORMAT_PART * (result is not None)
+    said = f"{where}: {result}" if result is not None else f"no result ({where})"
+    return Score(value, f"{'not ' if whole else ''}cut off; {said}")
+
+
+def random_score(ctx: CoachContext) -> Score:
+    """A score uniform in 0-10, drawn from a hash of everything the coach would see: the
+    same action always gets the same score (a rerun or resume agrees), and no score says
+    anything about the action.
+
+    >>> a = CoachContext("t", "solver", "r", 0, "in", "out", None, False, None)
+    >>> random_score(a) == random_score(a), 0 <= random_score(a).value <= 10
+    (True, True)
+    """
+    draw = int.from_bytes(hashlib.sha256(ctx.digest().encode()).digest()[:8], "big")
+    return Score(10.0 * draw / 2**64, "a random score (the control rule)")
 
 
 def load_rule(spec: str) -> Rule:

@@ -364,7 +364,9 @@ class RulesCoachConfig(Strict):
         description="`module:function` taking the action's coach context and returning its "
         "score 0-10. The default, `answer_oracle`, checks each action's result against the "
         "reference answer (10 right, 0 otherwise; needs `reference_for: all`): the best "
-        "a coach could do on an answer task.",
+        "a coach could do on an answer task. Two label-free controls: "
+        "`mappa.coach.rules:format_rule` (form only: not cut off, a result in the role's "
+        "form) and `mappa.coach.rules:random_score` (a fixed uniform score per action).",
     )
 
 
