@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mappa import __version__
 from mappa.config import RESUMABLE_KEYS, ConfigError, RunConfig, load_config
 
 if TYPE_CHECKING:
@@ -34,8 +35,17 @@ def default_config() -> Path:
     return Path(str(resources.files("mappa") / "configs" / "demo.yaml"))
 
 
+DESCRIPTION = (
+    "Finetune a team of LLM agents with per-action coach rewards (MAPPA): train it, "
+    "evaluate it, check or serve its coach, report on runs, and compare arms in experiments."
+)
+"""The help's opening sentence: plain text, as a terminal shows it (the module docstring is
+RST for the docs)."""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mappa", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="mappa", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"mappa {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in [
         ("train", "rollout -> coach -> update for train.steps steps"),
