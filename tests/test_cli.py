@@ -24,3 +24,27 @@ def test_help_opens_with_a_whole_plain_sentence(capsys: pytest.CaptureFixture[st
     assert "``" not in out
     assert description[0].isupper() and description.endswith(".")
     assert "train" in description and "experiment" in description
+
+
+@pytest.fixture
+def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a model fails the test: every error here must come before it."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("mappa.run.build.load_policies", refuse)
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    return err.strip()
+
+
+def test_an_override_typo_is_named_with_the_closest_key(
+    no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", "rl.kl_betta=0.1"]) == 2
+    error = _one_line_error(capsys)
+    assert error == "mappa: override rl.kl_betta=0.1: unknown key; did you mean rl.kl_beta?"
