@@ -7,6 +7,7 @@ import pytest
 
 import mappa
 from mappa.cli import main
+from mappa.experiment.spec import shipped_configs
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,3 +49,14 @@ def test_an_override_typo_is_named_with_the_closest_key(
     assert main(["train", "rl.kl_betta=0.1"]) == 2
     error = _one_line_error(capsys)
     assert error == "mappa: override rl.kl_betta=0.1: unknown key; did you mean rl.kl_beta?"
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_an_experiment_file_as_a_run_config_points_to_mappa_experiment(
+    command: str, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = shipped_configs() / "experiments" / "process_vs_outcome_cpu.yaml"
+    assert main([command, "--config", str(path)]) == 2
+    error = _one_line_error(capsys)
+    assert error.startswith(f"mappa: {path} is an experiment file (it has base, seeds, arms)")
+    assert error.endswith(f"run it with: mappa experiment {path}")

@@ -335,15 +335,20 @@ def _serving(server: LocalServer | None) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _is_experiment(path: Path) -> bool:
-    """An experiment file (it has ``arms:``) rather than a run config."""
+def _experiment_keys(path: Path) -> list[str]:
+    """The top-level keys of ``path`` that only an experiment file has (``arms``, ``seeds``,
+    ``base``): none for a run config, or for a file load_config will say is broken."""
     import yaml
+
+    from mappa.experiment.spec import ExperimentConfig
 
     try:
         raw = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
-        return False  # load_config says what is wrong with it
-    return isinstance(raw, dict) and "arms" in raw
+        return []  # load_config says what is wrong with it
+    fields = ExperimentConfig.model_fields
+    own = [k for k, f in fields.items() if f.is_required() and k not in RunConfig.model_fields]
+    return [k for k in own if k in raw] if isinstance(raw, dict) else []
 
 
 def _check_config(args: argparse.Namespace) -> tuple[RunConfig, LocalServer | None]:
@@ -362,7 +367,7 @@ def _check_config(args: argparse.Namespace) -> tuple[RunConfig, LocalServer | No
     path = path or default_config()
     overrides = list(args.overrides)
     server = None
-    if _is_experiment(path):
+    if _experiment_keys(path):
         from mappa.experiment.spec import base_config_path, load_experiment
 
         spec = load_experiment(path)
@@ -647,6 +652,11 @@ def main(argv: list[str] | None = None) -> int:
     config_path = args.config or resumed or _run_config(adapters) or default_config()
     dry_run = getattr(args, "dry_run", False)
     try:
+        if keys := _experiment_keys(config_path):
+            raise ConfigError(
+                f"{config_path} is an experiment file (it has {', '.join(keys)}); run it "
+                f"with: mappa experiment {config_path}"
+            )
         cfg = load_config(config_path, args.overrides)
         from mappa.run import preflight  # checks that need more than the schema, model-free
 
