@@ -3,6 +3,8 @@ fix, all raised before any model loads."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import mappa
@@ -60,3 +62,40 @@ def test_an_experiment_file_as_a_run_config_points_to_mappa_experiment(
     error = _one_line_error(capsys)
     assert error.startswith(f"mappa: {path} is an experiment file (it has base, seeds, arms)")
     assert error.endswith(f"run it with: mappa experiment {path}")
+
+
+def test_eval_refuses_missing_adapters_before_a_model_loads(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-run"
+    assert main(["eval", "--adapters", str(missing)]) == 2
+    assert _one_line_error(capsys) == (
+        f"mappa: --adapters {missing}: no such directory; give a run dir or its adapters/ dir"
+    )
+    (tmp_path / "adapters" / "verifier").mkdir(parents=True)  # the others' are missing
+    assert main(["eval", "--adapters", str(tmp_path)]) == 2
+    error = _one_line_error(capsys)
+    assert f"--adapters {tmp_path / 'adapters'}: no adapter for problem_solver" in error
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--temperature", "-1"], "--temperature -1.0: Input should be greater than or equal to 0"),
+        (["--samples", "0"], "--samples 0: Input should be greater than or equal to 1"),
+    ],
+)
+def test_eval_flags_out_of_range_are_one_line(
+    flags: list[str], error: str, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["eval", *flags]) == 2
+    assert _one_line_error(capsys) == f"mappa: {error}"
+
+
+def test_a_flag_argparse_refuses_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--samples", "many"])
+    assert exit_.value.code == 2
+    assert _one_line_error(capsys) == (
+        "mappa eval: argument --samples: invalid int value: 'many'; see mappa eval --help"
+    )

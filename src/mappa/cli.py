@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from mappa import __version__
 from mappa.config import RESUMABLE_KEYS, ConfigError, RunConfig, load_config
@@ -43,8 +43,16 @@ DESCRIPTION = (
 RST for the docs)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line (the bad argument, then where the options
+    are listed) instead of the usage block; its subcommands' parsers are the same kind."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mappa", description=DESCRIPTION)
+    p = _Parser(prog="mappa", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"mappa {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in [
@@ -246,30 +254,62 @@ def _train(cfg: RunConfig, resume: Path | None) -> int:
     return 0
 
 
-def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
+def _eval_flags(cfg: RunConfig, args: argparse.Namespace) -> None:
+    """Set ``cfg.eval`` from the flags, validated exactly like the config keys they
+    override; raises ``ValueError`` naming the flag (``--temperature -1``) in one line."""
+    from pydantic import ValidationError
+
     from mappa.config import EvalConfig
-    from mappa.run.evaluation import checked_heldout, evaluate
 
     flags = {
         "samples": args.samples,
         "temperature": args.temperature,
         "allow_overlap": args.allow_overlap or None,
     }
-    try:  # the flags are validated exactly like the config keys they override
-        cfg.eval = EvalConfig.model_validate(
-            {**cfg.eval.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
+    given = {k: v for k, v in flags.items() if v is not None}
+    try:
+        cfg.eval = EvalConfig.model_validate({**cfg.eval.model_dump(), **given})
+    except ValidationError as err:
+        raise ValueError(
+            "; ".join(
+                f"--{str(e['loc'][0]).replace('_', '-')} {e['input']}: {e['msg']}"
+                for e in err.errors()
+            )
+        ) from None
+
+
+def _checked_adapters(adapters: Path | None, agents: list[str]) -> Path | None:
+    """``--adapters`` (a run dir or its ``adapters/``) as the directory that holds one
+    adapter per agent; raises ``FileNotFoundError`` naming the path before any model loads."""
+    if adapters is None:
+        return None
+    if not adapters.is_dir():
+        raise FileNotFoundError(
+            f"--adapters {adapters}: no such directory; give a run dir or its adapters/ dir"
         )
+    if (adapters / "adapters").is_dir():
+        adapters = adapters / "adapters"
+    missing = [a for a in agents if not (adapters / a / "adapter_config.json").is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"--adapters {adapters}: no adapter for {', '.join(missing)} (each agent's is "
+            "<dir>/<agent>/adapter_config.json); give a run dir or its adapters/ dir"
+        )
+    return adapters
+
+
+def _eval(cfg: RunConfig, args: argparse.Namespace, adapters: Path | None) -> int:
+    from mappa.run.evaluation import checked_heldout, evaluate
+
+    try:
         tasks = checked_heldout(cfg, args.tasks, args.limit)
-    except (ValueError, OSError) as err:  # bad flags, missing files, SplitOverlapError
+    except (ValueError, OSError) as err:  # missing files, SplitOverlapError
         print(f"mappa: {err}", file=sys.stderr)
         return 2
     import torch
 
     from mappa.run import build
 
-    adapters = args.adapters
-    if adapters is not None and (adapters / "adapters").is_dir():
-        adapters = adapters / "adapters"
     base = None if adapters is None else _adapter_base(adapters, cfg.agents[0].name)
     if base is not None and base != cfg.model.path:  # the adapters know their base
         logging.getLogger("mappa").info("adapters name their base %s; loading it", base)
@@ -670,6 +710,9 @@ def main(argv: list[str] | None = None) -> int:
             from mappa.run.checkpoint import check_resumable
 
             check_resumable(resume, cfg)
+        if args.command == "eval":
+            adapters = _checked_adapters(adapters, [a.name for a in cfg.agents])
+            _eval_flags(cfg, args)
     except (ConfigError, ValueError, FileNotFoundError) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
@@ -685,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(cfg, resume)
-        return _eval(cfg, args)
+        return _eval(cfg, args, adapters)
     except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkflowFailed) as err:
         print(_stopped(err), file=sys.stderr)
         return 1
