@@ -3,6 +3,7 @@ fix, all raised before any model loads."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,25 @@ def test_a_flag_argparse_refuses_is_one_line(capsys: pytest.CaptureFixture[str])
     assert _one_line_error(capsys) == (
         "mappa eval: argument --samples: invalid int value: 'many'; see mappa eval --help"
     )
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """matplotlib (the optional ``report`` extra) as if it were not installed."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
+def test_report_names_a_missing_run_before_needing_matplotlib(
+    tmp_path: Path, no_matplotlib: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-run"
+    assert main(["report", str(missing)]) == 2
+    assert _one_line_error(capsys) == f"mappa: {missing}: no such run directory"
+
+
+def test_experiment_names_a_missing_file_before_needing_matplotlib(
+    tmp_path: Path, no_matplotlib: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "none.yaml"
+    assert main(["experiment", str(missing)]) == 2
+    assert _one_line_error(capsys) == f"mappa: {missing}: experiment file not found"
