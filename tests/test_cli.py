@@ -4,12 +4,14 @@ fix, all raised before any model loads."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import mappa
-from mappa.cli import main
+from mappa.cli import default_config, main
+from mappa.config import RunConfig, load_config
 from mappa.experiment.spec import shipped_configs
 
 
@@ -122,3 +124,26 @@ def test_experiment_names_a_missing_file_before_needing_matplotlib(
     missing = tmp_path / "none.yaml"
     assert main(["experiment", str(missing)]) == 2
     assert _one_line_error(capsys) == f"mappa: {missing}: experiment file not found"
+
+
+def _fake_train(capsys: pytest.CaptureFixture[str], seen: list[str]) -> Callable[..., int]:
+    """A fake ``_train`` that records what was printed before training would start."""
+
+    def fake(cfg: RunConfig, resume: Path | None) -> int:
+        seen.append(capsys.readouterr().out)
+        return 0
+
+    return fake
+
+
+def test_a_bare_train_says_what_it_will_run_before_loading(
+    monkeypatch: pytest.MonkeyPatch, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[str] = []
+    monkeypatch.setattr("mappa.cli._train", _fake_train(capsys, seen))
+    assert main(["train", "train.steps=3", "run_dir=runs/here"]) == 0
+    model = load_config(default_config()).model.path
+    assert seen == [
+        f"mappa train: the demo config {default_config()} (no --config given): 3 steps with "
+        f"{model}, run dir runs/here\n"
+    ]

@@ -254,6 +254,15 @@ def _train(cfg: RunConfig, resume: Path | None) -> int:
     return 0
 
 
+def _train_plan(cfg: RunConfig, config: Path, demo: bool, resume: Path | None) -> str:
+    """The line ``mappa train`` prints before it loads anything: which config, how many
+    steps, where the run goes (a bare ``mappa train`` runs the demo, which a newcomer may
+    not expect)."""
+    which = f"the demo config {config} (no --config given)" if demo else f"config {config}"
+    where = f"continuing {resume}" if resume is not None else f"run dir {cfg.run_dir}"
+    return f"mappa train: {which}: {cfg.train.steps} steps with {cfg.model.path}, {where}"
+
+
 def _eval_flags(cfg: RunConfig, args: argparse.Namespace) -> None:
     """Set ``cfg.eval`` from the flags, validated exactly like the config keys they
     override; raises ``ValueError`` naming the flag (``--temperature -1``) in one line."""
@@ -719,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
     if dry_run:
         print("mappa: the config passed every check (--dry-run: nothing was run)")
         return 0
+    if args.command == "train":
+        demo = args.config is None and resume is None
+        print(_train_plan(cfg, config_path, demo, resume), flush=True)
     _setup_logging()
     from mappa.coach import CoachFatalError
     from mappa.models.sync_probe import StaleAdapterError
