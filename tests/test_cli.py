@@ -86,6 +86,11 @@ def test_eval_refuses_missing_adapters_before_a_model_loads(
     [
         (["--temperature", "-1"], "--temperature -1.0: Input should be greater than or equal to 0"),
         (["--samples", "0"], "--samples 0: Input should be greater than or equal to 1"),
+        (
+            ["--samples", "4", "--temperature", "0"],
+            "--samples 4 --temperature 0.0: samples > 1 needs temperature > 0 (greedy samples "
+            "are identical)",
+        ),
     ],
 )
 def test_eval_flags_out_of_range_are_one_line(

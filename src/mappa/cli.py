@@ -275,16 +275,20 @@ def _eval_flags(cfg: RunConfig, args: argparse.Namespace) -> None:
         "temperature": args.temperature,
         "allow_overlap": args.allow_overlap or None,
     }
-    given = {k: v for k, v in flags.items() if v is not None}
+    given = {k.replace("_", "-"): v for k, v in flags.items() if v is not None}
     try:
-        cfg.eval = EvalConfig.model_validate({**cfg.eval.model_dump(), **given})
+        cfg.eval = EvalConfig.model_validate(
+            {**cfg.eval.model_dump(), **{k.replace("-", "_"): v for k, v in given.items()}}
+        )
     except ValidationError as err:
-        raise ValueError(
-            "; ".join(
-                f"--{str(e['loc'][0]).replace('_', '-')} {e['input']}: {e['msg']}"
-                for e in err.errors()
-            )
-        ) from None
+        problems = []
+        for e in err.errors():
+            if e["loc"]:  # one flag's value
+                named = f"--{str(e['loc'][0]).replace('_', '-')} {e['input']}"
+            else:  # a rule across flags and config keys
+                named = " ".join(f"--{k} {v}" for k, v in given.items())
+            problems.append(f"{named}: {e['msg'].removeprefix('Value error, ')}")
+        raise ValueError("; ".join(problems)) from None
 
 
 def _checked_adapters(adapters: Path | None, agents: list[str]) -> Path | None:

@@ -39,6 +39,11 @@ def test_an_override_typo_names_the_override_and_the_closest_key(override: str, 
     assert str(err.value) == f"override {override}: unknown key; did you mean {near}?"
 
 
+def test_an_override_of_a_section_another_override_replaced_is_still_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^override rl=5: Input should be a valid dict"):
+        load_config(default_config(), ["rl.lr=1", "rl=5"])
+
+
 def test_a_typo_in_the_file_names_the_file_and_the_closest_key(tmp_path: Path) -> None:
     path = write_yaml(tmp_path, "rl: {kl_betta: 0.1}\n")
     with pytest.raises(ConfigError) as err:

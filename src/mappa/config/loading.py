@@ -102,23 +102,24 @@ def closest_key(loc: tuple[str | int, ...]) -> str | None:
     return keys[leaves.index(near[0])] if near else None
 
 
-def _override_locs(tree: dict[str, Any], overrides: list[str]) -> dict[tuple[Any, ...], str]:
-    """Each override's key as the location a validation error gives (list elements named
-    by ``name`` resolved to their index), mapped to the override as given; an override
-    that renamed the element it addresses is left out (its errors name the key)."""
-    locs: dict[tuple[Any, ...], str] = {}
-    for item in overrides:
-        node: Any = tree
-        loc: list[Any] = []
-        try:
-            for part in item.split("=", 1)[0].strip().split("."):
-                key: Any = _list_key(node, part, item) if isinstance(node, list) else part
-                loc.append(key)
-                node = node.get(key) if isinstance(node, dict) else node[key]
-        except ConfigError:
-            continue
-        locs[tuple(loc)] = item
-    return locs
+def _override_loc(tree: dict[str, Any], override: str) -> tuple[Any, ...] | None:
+    """The override's key as the location a validation error gives (a list element named by
+    ``name`` resolved to its index); None when a later override renamed or replaced it."""
+    node: Any = tree
+    loc: list[Any] = []
+    for part in override.split("=", 1)[0].strip().split("."):
+        if isinstance(node, list):
+            try:
+                key: Any = _list_key(node, part, override)
+            except ConfigError:
+                return None
+        elif isinstance(node, dict):
+            key = part
+        else:
+            return None
+        loc.append(key)
+        node = node.get(key) if isinstance(node, dict) else node[key]
+    return tuple(loc)
 
 
 def _format_errors(err: ValidationError, source: str, overrides: dict[tuple[Any, ...], str]) -> str:
@@ -230,7 +231,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
-        locs = _override_locs(raw, overrides or [])
+        locs = {at: o for o in overrides or [] if (at := _override_loc(raw, o)) is not None}
         raise ConfigError(_format_errors(err, str(path), locs)) from None
 
 
