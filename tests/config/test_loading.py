@@ -44,6 +44,31 @@ def test_an_override_of_a_section_another_override_replaced_is_still_refused() -
         load_config(default_config(), ["rl.lr=1", "rl=5"])
 
 
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [
+        (
+            "agents.verfier.max_actions=2",
+            "override 'agents.verfier.max_actions': no list index or name 'verfier'; did you "
+            "mean 'verifier'?",
+        ),
+        (
+            "agents.7.max_actions=2",
+            "override 'agents.7.max_actions': no list index or name '7'; give an index below 3 "
+            "or ['problem_solver', 'code_executor', 'verifier']",
+        ),
+        ("rl.lr.x=1", "override 'rl.lr.x': rl.lr is not a section"),
+        ("rl.lr", "override 'rl.lr' is not of the form key=value"),
+    ],
+)
+def test_an_override_that_cannot_apply_names_the_override_not_the_file(
+    override: str, error: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(default_config(), [override])
+    assert str(err.value) == error
+
+
 def test_a_typo_in_the_file_names_the_file_and_the_closest_key(tmp_path: Path) -> None:
     path = write_yaml(tmp_path, "rl: {kl_betta: 0.1}\n")
     with pytest.raises(ConfigError) as err:

@@ -16,14 +16,22 @@ from pydantic import BaseModel, ValidationError
 from mappa.config.schema import ConfigError, RunConfig, WorkflowConfig
 
 
+class OverrideError(ConfigError):
+    """A ``key=value`` override that cannot be applied: it names the override, not the
+    config file, which is not at fault."""
+
+
 def _list_key(node: list[Any], part: str, dotted: str) -> int:
     """A list element by index, or by its ``name`` (``agents.verifier.max_actions``)."""
     if part.isdigit() and int(part) < len(node):
         return int(part)
-    for i, item in enumerate(node):
-        if isinstance(item, dict) and item.get("name") == part:
-            return i
-    raise ConfigError(f"override {dotted!r}: no list index or name {part!r}")
+    names = [item.get("name") if isinstance(item, dict) else None for item in node]
+    if part in names:
+        return names.index(part)
+    named = [str(n) for n in names if n is not None]
+    near = difflib.get_close_matches(part, named, n=1)
+    fix = f"did you mean {near[0]!r}?" if near else f"give an index below {len(node)} or {named}"
+    raise OverrideError(f"override {dotted!r}: no list index or name {part!r}; {fix}")
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -37,7 +45,7 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
         else:
             key = part
         if not isinstance(node, dict | list):
-            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is not a section")
+            raise OverrideError(f"override {dotted!r}: {'.'.join(parts[:i])} is not a section")
         if last:
             node[key] = value
         else:
@@ -50,7 +58,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     """Apply ``key.path=value`` strings; values are parsed as YAML scalars (``1e-5``, ``true``)."""
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
+            raise OverrideError(f"override {item!r} is not of the form key=value")
         key, text = item.split("=", 1)
         _set_dotted(raw, key.strip(), yaml.safe_load(text) if text else "")
     return raw
@@ -220,6 +228,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         raise ConfigError(f"{path}: top level must be a mapping")
     try:
         raw = with_preset(raw, overrides or [])
+    except OverrideError:
+        raise
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     workflow = raw.get("workflow")
