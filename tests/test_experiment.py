@@ -185,7 +185,7 @@ def test_the_analysis_names_the_comparisons_before_any_run(tmp_path: Path) -> No
     [
         (
             {"arms": {"process": ["rl.advantagee=grpo"]}},
-            "(?s)arm 'process': .*rl.advantagee: unknown key",
+            "arm 'process': override rl.advantagee=grpo: unknown key; did you mean rl.advantage\\?",
         ),
         ({"arms": {"process": ["seed=3"]}}, "set by the experiment"),
         ({"arms": {"Bad Name": []}}, "names are lower case"),

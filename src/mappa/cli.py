@@ -18,8 +18,9 @@ from contextlib import contextmanager
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
+from mappa import __version__
 from mappa.config import RESUMABLE_KEYS, ConfigError, RunConfig, load_config
 
 if TYPE_CHECKING:
@@ -34,8 +35,25 @@ def default_config() -> Path:
     return Path(str(resources.files("mappa") / "configs" / "demo.yaml"))
 
 
+DESCRIPTION = (
+    "Finetune a team of LLM agents with per-action coach rewards (MAPPA): train it, "
+    "evaluate it, check or serve its coach, report on runs, and compare arms in experiments."
+)
+"""The help's opening sentence: plain text, as a terminal shows it (the module docstring is
+RST for the docs)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line (the bad argument, then where the options
+    are listed) instead of the usage block; its subcommands' parsers are the same kind."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mappa", description=__doc__.splitlines()[0])
+    p = _Parser(prog="mappa", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"mappa {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in [
         ("train", "rollout -> coach -> update for train.steps steps"),
@@ -236,30 +254,75 @@ def _train(cfg: RunConfig, resume: Path | None) -> int:
     return 0
 
 
-def _eval(cfg: RunConfig, args: argparse.Namespace) -> int:
+def _train_plan(cfg: RunConfig, config: Path, demo: bool, resume: Path | None) -> str:
+    """The line ``mappa train`` prints before it loads anything: which config, how many
+    steps, where the run goes (a bare ``mappa train`` runs the demo, which a newcomer may
+    not expect)."""
+    which = f"the demo config {config} (no --config given)" if demo else f"config {config}"
+    where = f"continuing {resume}" if resume is not None else f"run dir {cfg.run_dir}"
+    return f"mappa train: {which}: {cfg.train.steps} steps with {cfg.model.path}, {where}"
+
+
+def _eval_flags(cfg: RunConfig, args: argparse.Namespace) -> None:
+    """Set ``cfg.eval`` from the flags, validated exactly like the config keys they
+    override; raises ``ValueError`` naming the flag (``--temperature -1``) in one line."""
+    from pydantic import ValidationError
+
     from mappa.config import EvalConfig
-    from mappa.run.evaluation import checked_heldout, evaluate
 
     flags = {
         "samples": args.samples,
         "temperature": args.temperature,
         "allow_overlap": args.allow_overlap or None,
     }
-    try:  # the flags are validated exactly like the config keys they override
+    given = {k.replace("_", "-"): v for k, v in flags.items() if v is not None}
+    try:
         cfg.eval = EvalConfig.model_validate(
-            {**cfg.eval.model_dump(), **{k: v for k, v in flags.items() if v is not None}}
+            {**cfg.eval.model_dump(), **{k.replace("-", "_"): v for k, v in given.items()}}
         )
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            if e["loc"]:  # one flag's value
+                named = f"--{str(e['loc'][0]).replace('_', '-')} {e['input']}"
+            else:  # a rule across flags and config keys
+                named = " ".join(f"--{k} {v}" for k, v in given.items())
+            problems.append(f"{named}: {e['msg'].removeprefix('Value error, ')}")
+        raise ValueError("; ".join(problems)) from None
+
+
+def _checked_adapters(adapters: Path | None, agents: list[str]) -> Path | None:
+    """``--adapters`` (a run dir or its ``adapters/``) as the directory that holds one
+    adapter per agent; raises ``FileNotFoundError`` naming the path before any model loads."""
+    if adapters is None:
+        return None
+    if not adapters.is_dir():
+        raise FileNotFoundError(
+            f"--adapters {adapters}: no such directory; give a run dir or its adapters/ dir"
+        )
+    if (adapters / "adapters").is_dir():
+        adapters = adapters / "adapters"
+    missing = [a for a in agents if not (adapters / a / "adapter_config.json").is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"--adapters {adapters}: no adapter for {', '.join(missing)} (each agent's is "
+            "<dir>/<agent>/adapter_config.json); give a run dir or its adapters/ dir"
+        )
+    return adapters
+
+
+def _eval(cfg: RunConfig, args: argparse.Namespace, adapters: Path | None) -> int:
+    from mappa.run.evaluation import checked_heldout, evaluate
+
+    try:
         tasks = checked_heldout(cfg, args.tasks, args.limit)
-    except (ValueError, OSError) as err:  # bad flags, missing files, SplitOverlapError
+    except (ValueError, OSError) as err:  # missing files, SplitOverlapError
         print(f"mappa: {err}", file=sys.stderr)
         return 2
     import torch
 
     from mappa.run import build
 
-    adapters = args.adapters
-    if adapters is not None and (adapters / "adapters").is_dir():
-        adapters = adapters / "adapters"
     base = None if adapters is None else _adapter_base(adapters, cfg.agents[0].name)
     if base is not None and base != cfg.model.path:  # the adapters know their base
         logging.getLogger("mappa").info("adapters name their base %s; loading it", base)
@@ -325,15 +388,20 @@ def _serving(server: LocalServer | None) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _is_experiment(path: Path) -> bool:
-    """An experiment file (it has ``arms:``) rather than a run config."""
+def _experiment_keys(path: Path) -> list[str]:
+    """The top-level keys of ``path`` that only an experiment file has (``arms``, ``seeds``,
+    ``base``): none for a run config, or for a file load_config will say is broken."""
     import yaml
+
+    from mappa.experiment.spec import ExperimentConfig
 
     try:
         raw = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
-        return False  # load_config says what is wrong with it
-    return isinstance(raw, dict) and "arms" in raw
+        return []  # load_config says what is wrong with it
+    fields = ExperimentConfig.model_fields
+    own = [k for k, f in fields.items() if f.is_required() and k not in RunConfig.model_fields]
+    return [k for k in own if k in raw] if isinstance(raw, dict) else []
 
 
 def _check_config(args: argparse.Namespace) -> tuple[RunConfig, LocalServer | None]:
@@ -352,7 +420,7 @@ def _check_config(args: argparse.Namespace) -> tuple[RunConfig, LocalServer | No
     path = path or default_config()
     overrides = list(args.overrides)
     server = None
-    if _is_experiment(path):
+    if _experiment_keys(path):
         from mappa.experiment.spec import base_config_path, load_experiment
 
         spec = load_experiment(path)
@@ -637,6 +705,11 @@ def main(argv: list[str] | None = None) -> int:
     config_path = args.config or resumed or _run_config(adapters) or default_config()
     dry_run = getattr(args, "dry_run", False)
     try:
+        if keys := _experiment_keys(config_path):
+            raise ConfigError(
+                f"{config_path} is an experiment file (it has {', '.join(keys)}); run it "
+                f"with: mappa experiment {config_path}"
+            )
         cfg = load_config(config_path, args.overrides)
         from mappa.run import preflight  # checks that need more than the schema, model-free
 
@@ -650,12 +723,18 @@ def main(argv: list[str] | None = None) -> int:
             from mappa.run.checkpoint import check_resumable
 
             check_resumable(resume, cfg)
+        if args.command == "eval":
+            adapters = _checked_adapters(adapters, [a.name for a in cfg.agents])
+            _eval_flags(cfg, args)
     except (ConfigError, ValueError, FileNotFoundError) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
     if dry_run:
         print("mappa: the config passed every check (--dry-run: nothing was run)")
         return 0
+    if args.command == "train":
+        demo = args.config is None and resume is None
+        print(_train_plan(cfg, config_path, demo, resume), flush=True)
     _setup_logging()
     from mappa.coach import CoachFatalError
     from mappa.models.sync_probe import StaleAdapterError
@@ -665,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(cfg, resume)
-        return _eval(cfg, args)
+        return _eval(cfg, args, adapters)
     except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkflowFailed) as err:
         print(_stopped(err), file=sys.stderr)
         return 1

@@ -19,10 +19,73 @@ REPO = Path(__file__).resolve().parents[2]
 def test_overrides_are_typed_and_validated() -> None:
     cfg = load_config(default_config(), ["rl.lr=3e-5", "agents.1.max_actions=3", "seed=7"])
     assert cfg.rl.lr == 3e-5 and cfg.agents[1].max_actions == 3 and cfg.seed == 7
-    with pytest.raises(ConfigError, match=r"rl\.nope: unknown key"):
+    with pytest.raises(ConfigError, match=r"^override rl\.nope=1: unknown key"):
         load_config(default_config(), ["rl.nope=1"])
     with pytest.raises(ConfigError, match="key=value"):
         load_config(default_config(), ["rl.lr"])
+
+
+@pytest.mark.parametrize(
+    ("override", "near"),
+    [
+        ("rl.kl_betta=0.1", "rl.kl_beta"),  # a close name in its own section
+        ("lr=1e-4", "rl.lr"),  # a key of another section, by its last name
+        ("agents.verifier.max_actionz=2", "agents.2.max_actions"),  # an agent by name
+    ],
+)
+def test_an_override_typo_names_the_override_and_the_closest_key(override: str, near: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(default_config(), [override])
+    assert str(err.value) == f"override {override}: unknown key; did you mean {near}?"
+
+
+def test_an_override_of_a_section_another_override_replaced_is_still_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^override rl=5: Input should be a valid dict"):
+        load_config(default_config(), ["rl.lr=1", "rl=5"])
+
+
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [
+        (
+            "agents.verfier.max_actions=2",
+            "override 'agents.verfier.max_actions': no list index or name 'verfier'; did you "
+            "mean 'verifier'?",
+        ),
+        (
+            "agents.7.max_actions=2",
+            "override 'agents.7.max_actions': no list index or name '7'; give an index below 3 "
+            "or ['problem_solver', 'code_executor', 'verifier']",
+        ),
+        ("rl.lr.x=1", "override 'rl.lr.x': rl.lr is not a section"),
+        ("rl.lr", "override 'rl.lr' is not of the form key=value"),
+    ],
+)
+def test_an_override_that_cannot_apply_names_the_override_not_the_file(
+    override: str, error: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(default_config(), [override])
+    assert str(err.value) == error
+
+
+def test_a_typo_in_the_file_names_the_file_and_the_closest_key(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path, "rl: {kl_betta: 0.1}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: rl.kl_betta: unknown key; did you mean rl.kl_beta?"
+
+
+def test_a_bad_override_and_a_bad_file_key_are_each_named(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path, "rl: {kl_betta: 0.1}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["rl.lr=abc"])
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{path}: invalid configuration"
+    assert sorted(line.split(":")[0].strip() for line in lines[1:]) == [
+        "override rl.lr=abc",
+        "rl.kl_betta",
+    ]
 
 
 def test_cli_bad_config_exits_nonzero_without_loading_a_model(tmp_path: Path) -> None:

@@ -1,27 +1,37 @@
 """Reading a run config: a YAML file, its preset merged in, ``key=value`` overrides applied
 to the raw YAML before validation (so they are checked the same way); errors name the file
-and the dotted key."""
+and the dotted key, or the override that set it, and an unknown key the closest valid one."""
 
 from __future__ import annotations
 
 import copy
+import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from mappa.config.schema import ConfigError, RunConfig, WorkflowConfig
+
+
+class OverrideError(ConfigError):
+    """A ``key=value`` override that cannot be applied: it names the override, not the
+    config file, which is not at fault."""
 
 
 def _list_key(node: list[Any], part: str, dotted: str) -> int:
     """A list element by index, or by its ``name`` (``agents.verifier.max_actions``)."""
     if part.isdigit() and int(part) < len(node):
         return int(part)
-    for i, item in enumerate(node):
-        if isinstance(item, dict) and item.get("name") == part:
-            return i
-    raise ConfigError(f"override {dotted!r}: no list index or name {part!r}")
+    names = [item.get("name") if isinstance(item, dict) else None for item in node]
+    if part in names:
+        return names.index(part)
+    named = [str(n) for n in names if n is not None]
+    near = difflib.get_close_matches(part, named, n=1)
+    fix = f"did you mean {near[0]!r}?" if near else f"give an index below {len(node)} or {named}"
+    raise OverrideError(f"override {dotted!r}: no list index or name {part!r}; {fix}")
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -35,7 +45,7 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
         else:
             key = part
         if not isinstance(node, dict | list):
-            raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is not a section")
+            raise OverrideError(f"override {dotted!r}: {'.'.join(parts[:i])} is not a section")
         if last:
             node[key] = value
         else:
@@ -48,19 +58,103 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     """Apply ``key.path=value`` strings; values are parsed as YAML scalars (``1e-5``, ``true``)."""
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
+            raise OverrideError(f"override {item!r} is not of the form key=value")
         key, text = item.split("=", 1)
         _set_dotted(raw, key.strip(), yaml.safe_load(text) if text else "")
     return raw
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid configuration"]
+def _section(annotation: Any) -> type[BaseModel] | None:
+    """The config section a field holds: a model, a list of them, or an optional one."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        section = _section(arg)
+        if section is not None:
+            return section
+    return None
+
+
+def _schema_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key of ``model`` (a list's elements as ``<name>``: ``agents.<name>.x``)."""
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(f"{prefix}{name}")
+        section = _section(field.annotation)
+        if section is not None:
+            inner = ".<name>." if typing.get_origin(field.annotation) is list else "."
+            keys.extend(_schema_keys(section, f"{prefix}{name}{inner}"))
+    return keys
+
+
+def closest_key(loc: tuple[str | int, ...]) -> str | None:
+    """The valid key an unknown key ``loc`` most likely means: a close name in its own
+    section, else a close dotted key anywhere, else a key anywhere with a close last name
+    (``lr`` -> ``rl.lr``); None when nothing is close (``difflib``'s default cutoff)."""
+    model: type[BaseModel] | None = RunConfig
+    for part in loc[:-1]:
+        if model is not None and not isinstance(part, int):
+            field = model.model_fields.get(part)
+            model = None if field is None else _section(field.annotation)
+    leaf, parent = str(loc[-1]), [str(p) for p in loc[:-1]]
+    if model is not None:
+        near = difflib.get_close_matches(leaf, list(model.model_fields), n=1)
+        if near:
+            return ".".join([*parent, near[0]])
+    keys = _schema_keys(RunConfig)
+    near = difflib.get_close_matches(".".join(map(str, loc)), keys, n=1)
+    if near:
+        return near[0]
+    leaves = [k.rsplit(".", 1)[-1] for k in keys]
+    near = difflib.get_close_matches(leaf, leaves, n=1)
+    return keys[leaves.index(near[0])] if near else None
+
+
+def _override_loc(tree: dict[str, Any], override: str) -> tuple[Any, ...] | None:
+    """The override's key as the location a validation error gives (a list element named by
+    ``name`` resolved to its index); None when a later override renamed or replaced it."""
+    node: Any = tree
+    loc: list[Any] = []
+    for part in override.split("=", 1)[0].strip().split("."):
+        if isinstance(node, list):
+            try:
+                key: Any = _list_key(node, part, override)
+            except ConfigError:
+                return None
+        elif isinstance(node, dict):
+            key = part
+        else:
+            return None
+        loc.append(key)
+        node = node.get(key) if isinstance(node, dict) else node[key]
+    return tuple(loc)
+
+
+def _format_errors(err: ValidationError, source: str, overrides: dict[tuple[Any, ...], str]) -> str:
+    """One line per problem, naming where it came from: the override that set the key
+    (``overrides``, by location), else the key in the file ``source``; an unknown key gets
+    the closest valid one. One problem is one line; several follow a header naming the file
+    (or the overrides, when they are all the overrides')."""
+    problems = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        lines.append(f"  {key}: {msg}")
-    return "\n".join(lines)
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            near = closest_key(e["loc"])
+            msg = "unknown key" + (f"; did you mean {near}?" if near else "")
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        given = next((o for n in range(len(loc), 0, -1) if (o := overrides.get(loc[:n]))), None)
+        if given is None:
+            problems.append((key, msg, False))
+        else:  # the override set this key, or a section holding it
+            at = "" if loc in overrides else f" {key}"
+            problems.append((f"override {given}{at}", msg, True))
+    if len(problems) == 1:
+        where, msg, overridden = problems[0]
+        return f"{where}: {msg}" if overridden else f"{source}: {where}: {msg}"
+    in_file = not all(overridden for *_, overridden in problems)
+    header = f"{source}: invalid configuration" if in_file else "invalid overrides"
+    return "\n".join([header, *(f"  {where}: {msg}" for where, msg, _ in problems)])
 
 
 PRESETS_DIR = Path(__file__).parents[1] / "presets"
@@ -134,6 +228,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         raise ConfigError(f"{path}: top level must be a mapping")
     try:
         raw = with_preset(raw, overrides or [])
+    except OverrideError:
+        raise
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
     workflow = raw.get("workflow")
@@ -145,7 +241,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, str(path))) from None
+        locs = {at: o for o in overrides or [] if (at := _override_loc(raw, o)) is not None}
+        raise ConfigError(_format_errors(err, str(path), locs)) from None
 
 
 def resolve_beside(file: str, config_dir: Path) -> str:

@@ -34,7 +34,8 @@ def reference_markdown() -> str:
         "<!-- Generated from src/mappa/config/schema.py by `make docs`; do not edit by hand. -->",
         "",
         "A run is one YAML file (`mappa train --config F key.path=value ...`). Unknown keys "
-        "and wrong types are errors naming the file and the key. Sections below are the "
+        "and wrong types are errors naming the file and the key (or the override that set it); "
+        "an unknown key comes with the closest valid one. Sections below are the "
         "top-level keys; nested sections are written `a.b`.",
         "",
     ]

@@ -112,9 +112,9 @@ class Experiment:
     ) -> None:
         from mappa.report.charts import require_matplotlib
 
-        require_matplotlib()  # the plot and report come last: fail before any run, not after
         self.file = experiment_file
-        self.spec = load_experiment(experiment_file, overrides)
+        self.spec = load_experiment(experiment_file, overrides)  # a wrong path named first
+        require_matplotlib()  # the plot and report come last: fail before any run, not after
         self.out = out or default_out(experiment_file)
         self.server = self._server()
         url = None if self.server is None else self.server.base_url

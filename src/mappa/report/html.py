@@ -43,7 +43,7 @@ from mappa.report.coachstats import (
     coach_summary,
     spread,
 )
-from mappa.report.rundata import RunData, load_run, run_labels
+from mappa.report.rundata import RunData, check_run_dir, load_run, run_labels
 
 
 @dataclass(frozen=True)
@@ -493,6 +493,8 @@ def render_page(runs: Sequence[RunData], index: list[dict[str, Any]], command: s
 
 def write_report(run_dirs: Sequence[Path], out: Path) -> Path:
     """Read the runs, write the report into ``out``; returns the path of ``index.html``."""
+    for run_dir in run_dirs:  # a wrong path is named even without matplotlib installed
+        check_run_dir(run_dir)
     require_matplotlib()  # fail before reading a large run
     labels = run_labels(list(run_dirs))
     runs = [load_run(path, label) for path, label in zip(run_dirs, labels, strict=True)]

@@ -153,14 +153,20 @@ def _score_records(ep: EpisodeView, step: int, final_agent: str | None) -> list[
     return out
 
 
-def load_run(run_dir: Path, label: str | None = None) -> RunData:
-    """Read one run directory (finished or still running)."""
+def check_run_dir(run_dir: Path) -> None:
+    """Raise ``FileNotFoundError`` naming ``run_dir`` unless it is a run directory (it holds
+    metrics.jsonl or episodes.jsonl): cheap, so a report checks every path first."""
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run directory")
+    if not (run_dir / "metrics.jsonl").exists() and not (run_dir / "episodes.jsonl").exists():
+        raise FileNotFoundError(f"{run_dir}: neither metrics.jsonl nor episodes.jsonl (not a run)")
+
+
+def load_run(run_dir: Path, label: str | None = None) -> RunData:
+    """Read one run directory (finished or still running)."""
+    check_run_dir(run_dir)
     metrics_path = run_dir / "metrics.jsonl"
     episodes_path = run_dir / "episodes.jsonl"
-    if not metrics_path.exists() and not episodes_path.exists():
-        raise FileNotFoundError(f"{run_dir}: neither metrics.jsonl nor episodes.jsonl (not a run)")
     metrics = read_jsonl(metrics_path) if metrics_path.exists() else []
     config = _config(run_dir)
     run = RunData(run_dir, label or run_dir.name, _agent_names(config, metrics), metrics)

@@ -1,0 +1,154 @@
+"""The command line's seams: version, help, and one-line errors that name the input and the
+fix, all raised before any model loads."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import mappa
+from mappa.cli import default_config, main
+from mappa.config import RunConfig, load_config
+from mappa.experiment.spec import shipped_configs
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"mappa {mappa.__version__}"
+
+
+def test_help_opens_with_a_whole_plain_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    description = " ".join(out.split("\n\n")[1].split())  # the paragraph after the usage
+    assert "``" not in out
+    assert description[0].isupper() and description.endswith(".")
+    assert "train" in description and "experiment" in description
+
+
+@pytest.fixture
+def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a model fails the test: every error here must come before it."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("mappa.run.build.load_policies", refuse)
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    return err.strip()
+
+
+def test_an_override_typo_is_named_with_the_closest_key(
+    no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", "rl.kl_betta=0.1"]) == 2
+    error = _one_line_error(capsys)
+    assert error == "mappa: override rl.kl_betta=0.1: unknown key; did you mean rl.kl_beta?"
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_an_experiment_file_as_a_run_config_points_to_mappa_experiment(
+    command: str, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = shipped_configs() / "experiments" / "process_vs_outcome_cpu.yaml"
+    assert main([command, "--config", str(path)]) == 2
+    error = _one_line_error(capsys)
+    assert error.startswith(f"mappa: {path} is an experiment file (it has base, seeds, arms)")
+    assert error.endswith(f"run it with: mappa experiment {path}")
+
+
+def test_eval_refuses_missing_adapters_before_a_model_loads(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-run"
+    assert main(["eval", "--adapters", str(missing)]) == 2
+    assert _one_line_error(capsys) == (
+        f"mappa: --adapters {missing}: no such directory; give a run dir or its adapters/ dir"
+    )
+    (tmp_path / "adapters" / "verifier").mkdir(parents=True)  # the others' are missing
+    assert main(["eval", "--adapters", str(tmp_path)]) == 2
+    error = _one_line_error(capsys)
+    assert f"--adapters {tmp_path / 'adapters'}: no adapter for problem_solver" in error
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (["--temperature", "-1"], "--temperature -1.0: Input should be greater than or equal to 0"),
+        (["--samples", "0"], "--samples 0: Input should be greater than or equal to 1"),
+        (
+            ["--samples", "4", "--temperature", "0"],
+            "--samples 4 --temperature 0.0: samples > 1 needs temperature > 0 (greedy samples "
+            "are identical)",
+        ),
+    ],
+)
+def test_eval_flags_out_of_range_are_one_line(
+    flags: list[str], error: str, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["eval", *flags]) == 2
+    assert _one_line_error(capsys) == f"mappa: {error}"
+
+
+def test_a_flag_argparse_refuses_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--samples", "many"])
+    assert exit_.value.code == 2
+    assert _one_line_error(capsys) == (
+        "mappa eval: argument --samples: invalid int value: 'many'; see mappa eval --help"
+    )
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """matplotlib (the optional ``report`` extra) as if it were not installed."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
+def test_report_names_a_missing_run_before_needing_matplotlib(
+    tmp_path: Path, no_matplotlib: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-run"
+    assert main(["report", str(missing)]) == 2
+    assert _one_line_error(capsys) == f"mappa: {missing}: no such run directory"
+
+
+def test_experiment_names_a_missing_file_before_needing_matplotlib(
+    tmp_path: Path, no_matplotlib: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "none.yaml"
+    assert main(["experiment", str(missing)]) == 2
+    assert _one_line_error(capsys) == f"mappa: {missing}: experiment file not found"
+
+
+def _fake_train(capsys: pytest.CaptureFixture[str], seen: list[str]) -> Callable[..., int]:
+    """A fake ``_train`` that records what was printed before training would start."""
+
+    def fake(cfg: RunConfig, resume: Path | None) -> int:
+        seen.append(capsys.readouterr().out)
+        return 0
+
+    return fake
+
+
+def test_a_bare_train_says_what_it_will_run_before_loading(
+    monkeypatch: pytest.MonkeyPatch, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[str] = []
+    monkeypatch.setattr("mappa.cli._train", _fake_train(capsys, seen))
+    assert main(["train", "train.steps=3", "run_dir=runs/here"]) == 0
+    model = load_config(default_config()).model.path
+    assert seen == [
+        f"mappa train: the demo config {default_config()} (no --config given): 3 steps with "
+        f"{model}, run dir runs/here\n"
+    ]
