@@ -92,6 +92,35 @@ def test_the_brief_template_shows_the_verdict_under_the_reference() -> None:
     assert on.digest() != off.digest()  # cached scores without the verdict are not reused
 
 
+@pytest.mark.parametrize("name", SHIPPED)
+def test_without_the_verdict_the_final_answer_is_shown_beside_the_reference(name: str) -> None:
+    """The paper's view (reference to the final agent, no verdict): the coach is shown the
+    answer the grader would read, a fact beside the reference, never whether they agree;
+    not for an upstream agent, not where the verdict is shown, not on a modeling task (its
+    reference is the graded outcome), "none" without a box."""
+    template = load_template(name)
+    ep = _episode("solver", "verifier")
+    header = "## The final agent's answer, read from its reply\n"
+
+    def user(view: CoachView, action: int = 1, ep: Episode = ep) -> str:
+        ctx = build_context(ep, ep.actions[action], ROLES, "verifier", view)
+        return render_messages(template, ctx)[1]["content"]
+
+    paper = user(CoachView(reference_for="final"))
+    assert f"{header}13" in paper and "equal" not in paper.split(header)[1]
+    assert header not in user(CoachView(reference_for="all"), action=0)  # upstream
+    assert header not in user(CoachView(reference_for="final", answer_check=True))
+    assert header not in user(CoachView(reference_for="none"))  # no reference shown
+    unboxed = dataclasses.replace(ep.actions[1], completion_text="It is 13.")
+    ep_unboxed = dataclasses.replace(ep, actions=[ep.actions[0], unboxed])
+    assert f"{header}none (no boxed answer)" in user(
+        CoachView(reference_for="final"), ep=ep_unboxed
+    )
+    modeling = dataclasses.replace(ep, metrics={"success": 1.0})  # its reference: the outcome
+    modeling.actions[1].coach_reference = "success 1.0"
+    assert header not in user(CoachView(reference_for="final"), ep=modeling)
+
+
 def test_answer_check_with_a_template_that_never_shows_it_is_a_config_error() -> None:
     cfg = load_config(default_config(), ["coach.answer_check=true", "coach.template=mathchat"])
     with pytest.raises(ConfigError, match="coach.answer_check: template 'mathchat' never shows"):

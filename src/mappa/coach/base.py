@@ -10,7 +10,7 @@ from typing import Literal, Protocol
 from mappa.coach.context import CoachContext
 from mappa.config import AnswerFormat, RunConfig
 from mappa.records import Action, Episode, Score
-from mappa.tasks.math import answers_equal
+from mappa.tasks.math import answers_equal, extract_answer
 from mappa.text import cut_middle
 from mappa.workflow.oracle import recorded_result
 
@@ -191,7 +191,9 @@ def build_context(
     episode's final outcome came after their action and after every later agent's, so it is
     not evidence of what they did. The answer check goes with the final agent's last action, the one
     the grader graded, on answer tasks (a modeling task's reference is its graded outcome
-    already). The action's tool status and stdout travel with it to every coach."""
+    already); where the verdict is not shown, the final agent's answer as the grader reads
+    it goes beside the reference (a fact, not the verdict). The action's tool status and
+    stdout travel with it to every coach."""
     is_final = action.agent == final_agent
     obs = action.tool_observation
     shown = view.reference_for == "all" or (view.reference_for == "final" and is_final)
@@ -209,6 +211,10 @@ def build_context(
         and not episode.metrics
         and action is episode.agent_actions(final_agent)[-1]
     )
+    read = None
+    if reference is not None and is_final and not graded and not episode.metrics:
+        answer = extract_answer(action.completion_text, view.answer_format)
+        read = answer if answer is not None else f"none (no {view.answer_format} answer)"
     return CoachContext(
         truncated=action.truncated,
         output_limit=view.output_limit,
@@ -231,6 +237,7 @@ def build_context(
         tool_status=action.tool_status,
         stdout=action.tool_stdout,
         answer_format=view.answer_format,
+        final_answer=read,
         hindsight=hindsight(episode, action, final_agent, view.answer_format)
         if view.hindsight and not episode.metrics
         else None,

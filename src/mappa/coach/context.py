@@ -24,7 +24,9 @@ class CoachContext:
     ``answer_format`` how the grader reads the final agent's answer. ``worked_answer`` is
     the coach's own answer to the task (``coach.self_solve``), shown where no reference is:
     the coach's work, not a label. ``hindsight`` is what the episode's code runs showed
-    about the action (``coach.hindsight``).
+    about the action (``coach.hindsight``). ``final_answer`` is the final agent's answer
+    as the grader reads it (``none (...)`` when there is none), shown beside the reference
+    on an answer task where the grader's verdict is not: a fact, not the verdict.
     """
 
     task: str
@@ -44,6 +46,7 @@ class CoachContext:
     tool_status: ToolStatus | None = None
     stdout: str | None = None
     answer_format: AnswerFormat = "boxed"
+    final_answer: str | None = None
     worked_answer: str | None = None
     hindsight: str | None = None
 

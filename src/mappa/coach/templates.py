@@ -29,6 +29,7 @@ ALLOWED_FIELDS: dict[str, set[str]] = {
     "worked": {"worked_answer"},
     "hindsight": {"hindsight"},
     "answer_check": {"verdict"},
+    "final_answer": {"final_answer"},
     "user": {
         "task",
         "agent",
@@ -85,6 +86,10 @@ class CoachTemplate:
         "\n\n## What the episode showed later (no label: the team's own runs)\n{hindsight}"
     )
     """With ``coach.hindsight``, the episode's evidence about the action, after the reference."""
+    final_answer: str = "\n\n## The final agent's answer, read from its reply\n{final_answer}"
+    """``CoachContext.final_answer`` after the reference (the paper's view: the final agent
+    shown the reference without the grader's verdict), so a small coach compares two
+    numbers instead of searching a long reply for one."""
     pipeline: str = ""
     """The team, described from the run's agents (``{pipeline}``; see ``for_pipeline``)."""
 
@@ -93,7 +98,8 @@ class CoachTemplate:
         """Hash of the text the coach is shown (part of the cache key: editing the template
         or the pipeline it describes invalidates cached scores)."""
         parts = [self.system, self.final_system, self.reference, self.user, self.corrective]
-        text = "\x00".join([*parts, self.answer_check, self.worked, self.hindsight, self.pipeline])
+        extra = [self.answer_check, self.worked, self.hindsight, self.final_answer, self.pipeline]
+        text = "\x00".join([*parts, *extra])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
@@ -177,6 +183,7 @@ def load_template(name_or_path: str) -> CoachTemplate:
         **({"answer_check": data["answer_check"]} if data.get("answer_check") else {}),
         **({"worked": data["worked"]} if data.get("worked") else {}),
         **({"hindsight": data["hindsight"]} if data.get("hindsight") else {}),
+        **({"final_answer": data["final_answer"]} if data.get("final_answer") else {}),
         user=data["user"],
         corrective=data.get("corrective")
         or "Answer again with only the line `PROCESS_SCORE: x` (x from 0 to 10){final_corrective}.",
@@ -197,6 +204,8 @@ def render_messages(template: CoachTemplate, ctx: CoachContext) -> list[dict[str
         reference = template.worked.format(worked_answer=ctx.worked_answer)
     else:
         reference = ""
+    if ctx.final_answer is not None:
+        reference += template.final_answer.format(final_answer=ctx.final_answer)
     if ctx.hindsight is not None:
         reference += template.hindsight.format(hindsight=ctx.hindsight)
     user = template.user.format(
