@@ -550,7 +550,9 @@ def main() -> None:
         "--only", default="P1,P2,P3,P4,P5,demo,W1,dtype", help="comma-separated figures"
     )
     ap.add_argument("--baseline", default="b30a0bf", help="commit the demo step is compared to")
-    ap.add_argument("--demo-steps", type=int, default=2, help="demo steps timed per commit")
+    ap.add_argument(
+        "--demo-steps", type=int, default=2, help="demo and W1: steps timed per commit and round"
+    )
     ap.add_argument(
         "--runner-baseline", default="a082b45", help="W1: the last commit with the pipeline runner"
     )
@@ -704,7 +706,7 @@ def main() -> None:
     if "W1" in only and not _installed("qwen2.5-coder-0.5b-instruct"):
         rows.append(_skipped("W1", "the demo's model: needs make install"))
     elif "W1" in only:
-        steps, rounds = ("1", 1) if args.quick else ("2", args.runner_rounds)
+        steps, rounds = ("1", 1) if args.quick else (str(args.demo_steps), args.runner_rounds)
         base, tree = [], []
         for _ in range(rounds):  # alternating, so a drift of the machine moves both
             base.append(_child(["step", args.runner_baseline, steps, DEMO_CONFIG, *NO_EVAL]))
