@@ -115,20 +115,24 @@ def no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
 
 
-def test_report_names_a_missing_run_before_needing_matplotlib(
-    tmp_path: Path, no_matplotlib: None, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("command", "name", "message"),
+    [
+        ("report", "no-run", "no such run directory"),
+        ("experiment", "none.yaml", "experiment file not found"),
+    ],
+)
+def test_a_missing_path_is_named_before_matplotlib_is_needed(
+    command: str,
+    name: str,
+    message: str,
+    tmp_path: Path,
+    no_matplotlib: None,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    missing = tmp_path / "no-run"
-    assert main(["report", str(missing)]) == 2
-    assert _one_line_error(capsys) == f"mappa: {missing}: no such run directory"
-
-
-def test_experiment_names_a_missing_file_before_needing_matplotlib(
-    tmp_path: Path, no_matplotlib: None, capsys: pytest.CaptureFixture[str]
-) -> None:
-    missing = tmp_path / "none.yaml"
-    assert main(["experiment", str(missing)]) == 2
-    assert _one_line_error(capsys) == f"mappa: {missing}: experiment file not found"
+    missing = tmp_path / name
+    assert main([command, str(missing)]) == 2
+    assert _one_line_error(capsys) == f"mappa: {missing}: {message}"
 
 
 def _fake_train(capsys: pytest.CaptureFixture[str], seen: list[str]) -> Callable[..., int]:
