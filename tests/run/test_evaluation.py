@@ -17,7 +17,7 @@ from mappa.records import read_episodes
 from mappa.run.loop import train
 from mappa.sandbox import ExecutionResult, Status
 from mappa.sandbox.limits import LimitName
-from mappa.workflow.runner import tool_status
+from mappa.workflow.code_runs import tool_status
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
 
