@@ -75,7 +75,9 @@ def _assert_matches_direct(
     for conv, got in zip(conversations, fast, strict=True):
         want = _direct(model, tok, scorer, conv)
         assert len(got) == 11 and min(got) >= 0
-        assert torch.allclose(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-7)
+        # float32 sums over a padded batch and a cached prefix differ from the direct
+        # forward's by up to ~2e-4 of a probability at these enlarged weights, run to run
+        assert torch.allclose(torch.tensor(got), torch.tensor(want), rtol=5e-4, atol=1e-7)
         assert abs(_expected(got) - _expected(want)) < 1e-4
     return fast
 
@@ -148,3 +150,18 @@ def test_token_batches_sort_by_length_and_respect_both_budgets() -> None:
 def test_split_ten_moves_mass_from_one_to_ten() -> None:
     p = split_ten([0.1, 0.4, 0.5, 0, 0, 0, 0, 0, 0, 0, 0.05], 0.25)
     assert p == pytest.approx([0.1, 0.3, 0.5, 0, 0, 0, 0, 0, 0, 0, 0.15])
+
+
+def test_the_coach_writes_in_batches_what_it_writes_alone(tiny: tuple[Any, Any]) -> None:
+    """``write`` (the self-solving coach's writer on transformers): greedy, so rows of a
+    left-padded batch write what they write alone."""
+    model, tok = tiny
+    scorer = ScoreDistributionModel(model, tok, batch_size=2)
+    conversations = [
+        [{"role": "user", "content": text}]
+        for text in ("What is 2 + 2?", "Tom has 13 marbles and buys 4 more. How many now?", "x")
+    ]
+    together = scorer.write(conversations, 6)
+    assert together == [scorer.write([c], 6)[0] for c in conversations]
+    assert all(together)
+    assert scorer.write([], 6) == []

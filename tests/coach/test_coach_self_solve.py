@@ -1,7 +1,7 @@
 """The self-solving coach (``coach.self_solve``): the coach's own answer, written once per
 task, stands where the view shows no reference, and its agreement check moves the score.
 Logic above the ``Writer`` and ``CoachBackend`` interfaces, with fakes; the real writer is
-the llama.cpp scorer's (tests/models/test_llamacpp_scorer.py)."""
+the local scorers' (tests/models/test_llamacpp_scorer.py, tests/models/test_scorer.py)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,12 @@ class FakeWriter:
     def __init__(self, solutions: dict[str, str]) -> None:
         self.solutions = solutions
         self.calls: list[list[dict[str, str]]] = []
+        self.batches: list[int] = []
 
-    def write(self, conversation: list[dict[str, str]], max_tokens: int) -> str:
-        self.calls.append(conversation)
-        return self.solutions[conversation[-1]["content"]]
+    def write(self, conversations: Sequence[list[dict[str, str]]], max_tokens: int) -> list[str]:
+        self.calls += conversations
+        self.batches.append(len(conversations))
+        return [self.solutions[c[-1]["content"]] for c in conversations]
 
 
 class FakeFlatCoach:
@@ -53,7 +55,7 @@ def _paper_view() -> list[CoachContext]:
     return case_contexts(CASES, ROLES, "verifier", CoachView(reference_for="final"))
 
 
-def test_the_worked_answer_stands_only_where_no_reference_is_and_is_written_once() -> None:
+def test_the_worked_answer_stands_only_where_no_reference_is_and_is_written_once_per_task() -> None:
     contexts = _paper_view()
     tasks = list(dict.fromkeys(c.task for c in contexts))
     writer = FakeWriter(_solutions({tasks[0]: "24", tasks[1]: "33"}))
@@ -62,6 +64,7 @@ def test_the_worked_answer_stands_only_where_no_reference_is_and_is_written_once
     coach.score(contexts)
     coach.score(contexts)  # a later step: the answers are remembered
     assert len(writer.calls) == len(tasks) == 2
+    assert writer.batches == [2]  # the step's tasks solved together, in one call
     for ctx in inner.seen:
         if ctx.agent == "verifier":  # the paper's view: it has the reference
             assert ctx.ground_truth is not None and ctx.worked_answer is None
@@ -123,12 +126,13 @@ def test_agreement_reads_the_action_as_the_oracle_does() -> None:
 @pytest.mark.parametrize(
     ("overrides", "refused"),
     [
-        (["coach.self_solve=true"], True),  # the smoke config's coach is transformers
+        (["coach.self_solve=true"], False),  # the smoke config's coach is transformers
         (["coach.self_solve=true", "coach.local.engine=llamacpp"], False),
-        (["coach.self_solve=false"], False),
+        (["coach.self_solve=true", "coach.backend=http"], True),  # a server writes no solution
+        (["coach.self_solve=false", "coach.backend=http"], False),
     ],
 )
-def test_self_solve_needs_the_llamacpp_coach(overrides: list[str], refused: bool) -> None:
+def test_self_solve_needs_an_in_process_coach(overrides: list[str], refused: bool) -> None:
     cfg = load_config(SMOKE_CONFIG, ["coach.cache.mode=off", *overrides])
     problems = preflight._coach_problems(cfg)
     assert any("coach.self_solve" in p for p in problems) is refused

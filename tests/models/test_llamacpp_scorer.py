@@ -88,8 +88,8 @@ def test_the_coach_writes_its_own_solution_within_its_budget(scorer: Any) -> Non
     conversations = [render_messages(load_template("mathchat_brief"), c) for c in _contexts()]
     before = scorer(conversations, SCORE_PREFIX)
     ask = [{"role": "user", "content": "What is 12 + 3 * 4? Answer as \\boxed{number}."}]
-    text = scorer.write(ask, 8)
-    assert text and text == scorer.write(ask, 8)
+    text, again = scorer.write([ask, ask], 8)
+    assert text and text == again
     assert 0 < len(scorer.llm.tokenize(text.encode(), add_bos=False)) <= 9  # re-tokenized
     for after, want in zip(scorer(conversations, SCORE_PREFIX), before, strict=True):
         assert after == pytest.approx(want, abs=1e-5)

@@ -14,7 +14,7 @@ the action's result (the answer oracle's reading) against that answer into the s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from mappa.coach.base import CoachBackend
@@ -34,9 +34,11 @@ RIGHT, WRONG = 10.0, 0.0
 
 
 class Writer(Protocol):
-    """Writes the assistant's reply to a conversation (greedy, ``max_tokens`` at most)."""
+    """Writes the assistant's reply to each conversation (greedy, ``max_tokens`` at most)."""
 
-    def write(self, conversation: list[dict[str, str]], max_tokens: int) -> str: ...
+    def write(
+        self, conversations: Sequence[list[dict[str, str]]], max_tokens: int
+    ) -> list[str]: ...
 
 
 class WorkedAnswers:
@@ -48,16 +50,24 @@ class WorkedAnswers:
         self.solutions: dict[str, str] = {}
         """Each task's written solution (kept for inspection)."""
 
+    def solve(self, tasks: Iterable[str]) -> None:
+        """Write the solutions of the ``tasks`` not yet solved, in one call to the writer (a
+        batching writer solves them together)."""
+        todo = [t for t in dict.fromkeys(tasks) if t not in self.solutions]
+        if not todo:
+            return
+        conversations = [
+            [{"role": "system", "content": SOLVE_SYSTEM}, {"role": "user", "content": task}]
+            for task in todo
+        ]
+        texts = self.writer.write(conversations, self.max_tokens)
+        self.solutions.update(zip(todo, texts, strict=True))
+
     def answer(self, task: str) -> str | None:
         """The result the coach's solution of ``task`` states (its boxed answer, else its
         ``Answer:`` line, else its last number: a brief solution often ends on ``= 26``
         without a box); None when it states none."""
-        if task not in self.solutions:
-            conversation = [
-                {"role": "system", "content": SOLVE_SYSTEM},
-                {"role": "user", "content": task},
-            ]
-            self.solutions[task] = self.writer.write(conversation, self.max_tokens)
+        self.solve([task])
         return stated_result(self.solutions[task])
 
 
@@ -105,6 +115,7 @@ class SelfSolvingCoach:
         return dataclasses.replace(ctx, worked_answer=self.answers.answer(ctx.task))
 
     def score(self, contexts: Sequence[CoachContext]) -> list[Score]:
+        self.answers.solve(c.task for c in contexts if c.ground_truth is None)
         shown = [self.worked(c) for c in contexts]
         scores = self.inner.score(shown)
         return [

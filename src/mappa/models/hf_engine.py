@@ -4,9 +4,8 @@ A peer of the vLLM engine (``vllm_engine.py``) behind ``RolloutEngine``, over th
 modules the update trains (``AgentPolicies``): nothing is published on ``sync`` and
 nothing freed on ``release``; the "sync" that can go wrong here is the switch to the
 agent's adapter before each batch, which the sync probe checks through ``logprobs_of``.
-Generation is a plain sampling loop rather than transformers' ``generate()`` so the
-log-probability of every sampled token is exactly that of the
-distribution it was drawn from (temperature only; no hidden top-k/top-p warpers).
+Generation is ``mappa.models.decoding.decode_batch``: the log-probability of every sampled
+token is exactly that of the distribution it was drawn from.
 """
 
 from __future__ import annotations
@@ -18,9 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from mappa.models.batching import token_batches
+from mappa.models.decoding import decode_batch
 from mappa.models.interface import Sample
 from mappa.models.policies import AgentPolicies
-from mappa.models.tensors import kv_cache, left_pad, with_cache
+from mappa.models.tensors import left_pad
 
 
 class HfEngine:
@@ -116,50 +116,16 @@ class HfEngine:
         temperature: float,
         greedy: bool,
     ) -> list[Sample]:
-        """Sample a batch; a row that has sampled a stop token leaves the batch (its cache
-        rows are dropped), so no forward pass is spent on finished completions."""
-        ids, mask, positions = left_pad(
-            prompts, self.policies.tokenizer.pad_token_id, self.policies.device
+        """Sample a batch (``mappa.models.decoding.decode_batch``)."""
+        tokens, logps = decode_batch(
+            self.policies.model,
+            prompts,
+            self.policies.tokenizer.pad_token_id,
+            self.policies.stop_ids,
+            max_new_tokens,
+            temperature,
+            greedy,
         )
-        stop = torch.tensor(sorted(self.policies.stop_ids), device=self.policies.device)
-        tokens: list[list[int]] = [[] for _ in prompts]
-        logps: list[list[float]] = [[] for _ in prompts]
-        live = list(range(len(prompts)))  # batch row -> prompt index
-        # Prefill: only the last position's logits are needed (logits_to_keep=1); a long
-        # prompt must not hold a vocabulary-sized row per token.
-        out = self.policies.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        next_pos = positions[:, -1:] + 1
-        for _ in range(max_new_tokens):
-            logp = F.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
-            tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
-            tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1)
-            for row, (t, lp) in enumerate(zip(tok.tolist(), tok_logp.tolist(), strict=True)):
-                tokens[live[row]].append(t)
-                logps[live[row]].append(lp)
-            going = ~torch.isin(tok, stop)
-            if not bool(going.any()):
-                break
-            if not bool(going.all()):
-                keep = going.nonzero().squeeze(-1)
-                kv_cache(out).batch_select_indices(keep)
-                live = [live[r] for r in keep.tolist()]
-                tok, mask, next_pos = tok[keep], mask[keep], next_pos[keep]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-            out = self.policies.model(
-                input_ids=tok[:, None],
-                attention_mask=mask,
-                position_ids=next_pos,
-                **with_cache(kv_cache(out)),
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            next_pos = next_pos + 1
         return [
             Sample(list(p), seq, lp, truncated=not seq or seq[-1] not in self.policies.stop_ids)
             for p, seq, lp in zip(prompts, tokens, logps, strict=True)

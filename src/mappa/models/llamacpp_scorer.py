@@ -123,11 +123,13 @@ class LlamaCppScoreDistribution:
                 break
         return text
 
-    def write(self, conversation: list[dict[str, str]], max_tokens: int) -> str:
-        """The coach's greedy reply to ``conversation``, ``max_tokens`` at most (the
-        ``mappa.coach.self_solve.Writer`` the self-solving coach uses)."""
-        messages: Any = conversation
-        return self._generate(self._encode(self.chat(messages=messages).prompt), max_tokens)
+    def write(self, conversations: Sequence[list[dict[str, str]]], max_tokens: int) -> list[str]:
+        """The coach's greedy reply to each conversation, ``max_tokens`` at most, one after
+        the other (the ``mappa.coach.self_solve.Writer`` the self-solving coach uses)."""
+        messages: list[Any] = list(conversations)
+        return [
+            self._generate(self._encode(self.chat(messages=m).prompt), max_tokens) for m in messages
+        ]
 
     def _end_of_turn(self, token: int) -> bool:
         import llama_cpp

@@ -18,6 +18,7 @@ import torch
 
 from mappa.config import LoraConfig as LoraSettings
 from mappa.config import reserved_name_problem
+from mappa.models.decoding import stop_ids
 from mappa.models.interface import TokenLogprobs
 from mappa.models.tensors import LOGPROB_CHUNK_TOKENS, left_pad, token_logprobs
 
@@ -60,16 +61,6 @@ def _layers_training(layers: Sequence[Any], on: bool) -> Iterator[None]:
 def _final_logit_softcap(model: Any) -> float | None:
     cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
     return float(cap) if cap else None
-
-
-def _stop_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        ids.add(gen_eos)
-    elif gen_eos:
-        ids.update(gen_eos)
-    return {i for i in ids if i is not None}
 
 
 def adapter_seed(seed: int, agent: str) -> int:
@@ -181,7 +172,7 @@ class AgentPolicies:
         saved adapters record it instead of the converted model's cache path."""
         self.device = next(base.parameters()).device
         self.base_dtype = next(base.parameters()).dtype
-        self.stop_ids = _stop_ids(base, tokenizer)
+        self.stop_ids = stop_ids(base, tokenizer)
         peft_cfg = LoraConfig(
             r=lora.r,
             lora_alpha=lora.alpha,

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mappa.models.batching import token_batches
+from mappa.models.decoding import decode_batch, stop_ids
 from mappa.models.score_tokens import ScoreTokens, score_prompt_ids, score_tokens, split_ten
 from mappa.models.tensors import kv_cache, left_pad, with_cache
 
@@ -58,6 +59,7 @@ class ScoreDistributionModel:
         self.batch_tokens = batch_tokens
         self.activate = activate  # e.g. "adapters off" when the coach shares the policy base
         self.device = next(model.parameters()).device
+        self.stop = stop_ids(model, tokenizer)
         self._tokens: dict[str, ScoreTokens] = {}
 
     def tokens(self, prefix: str) -> ScoreTokens:
@@ -65,6 +67,38 @@ class ScoreDistributionModel:
         if prefix not in self._tokens:
             self._tokens[prefix] = score_tokens(self.tokenizer, prefix)
         return self._tokens[prefix]
+
+    def write(self, conversations: Sequence[list[dict[str, str]]], max_tokens: int) -> list[str]:
+        """The coach's greedy reply to each conversation, ``max_tokens`` at most, written
+        together in batches of ``batch_size`` (the ``mappa.coach.self_solve.Writer`` the
+        self-solving coach uses): a decode step costs about as much for a batch as for one
+        row on a CPU, so the tasks of a step are solved at once."""
+        prompts = [
+            list(
+                self.tokenizer.encode(
+                    self.tokenizer.apply_chat_template(
+                        c, tokenize=False, add_generation_prompt=True
+                    ),
+                    add_special_tokens=False,
+                )
+            )
+            for c in conversations
+        ]
+        texts: list[str] = [""] * len(prompts)
+        with self.activate():
+            for rows in token_batches([len(p) for p in prompts], self.batch_size):
+                written, _ = decode_batch(
+                    self.model,
+                    [prompts[r] for r in rows],
+                    self.tokenizer.pad_token_id,
+                    self.stop,
+                    max_tokens,
+                    greedy=True,
+                )
+                for r, tokens in zip(rows, written, strict=True):
+                    kept = [t for t in tokens if t not in self.stop]
+                    texts[r] = self.tokenizer.decode(kept, skip_special_tokens=True)
+        return texts
 
     def _batch(
         self, suffixes: list[list[int]], prefix_cache: Any, shared: int, tokens: ScoreTokens

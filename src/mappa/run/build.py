@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from mappa.config import RunConfig, SandboxConfig
 from mappa.paths import cache_root
 from mappa.run.models import RunModels
-from mappa.run.preflight import coach_template
+from mappa.run.preflight import coach_on_engine, coach_template
 from mappa.sandbox import Limits, SandboxPool, make_backend
 from mappa.sandbox.limits import MiB
 from mappa.workflow.interface import Phase, SamplingParams
@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
     from mappa.coach import CoachBackend
     from mappa.models.interface import RolloutEngine, SamplingPolicy
+    from mappa.models.llamacpp_scorer import LlamaCppScoreDistribution
     from mappa.models.policies import AgentPolicies
+    from mappa.models.scorer import ScoreDistributionModel
     from mappa.models.sync_probe import SyncProbe
     from mappa.records import Episode
     from mappa.rl.kl import KLController
@@ -57,15 +59,6 @@ def load_policies(
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         seed=cfg.seed,
     )
-
-
-def coach_on_engine(cfg: RunConfig) -> bool:
-    """The local coach scores on the rollout's vLLM engine (``coach.local.engine``: ``vllm``,
-    or ``auto`` with ``rollout.engine: vllm`` and the policy base as the coach)."""
-    c = cfg.coach
-    if c.backend != "local" or c.local.engine == "hf":
-        return False
-    return cfg.rollout.engine == "vllm" and c.local.model_path is None
 
 
 def make_coach(
@@ -146,7 +139,7 @@ def coach_backend(
         from mappa.coach.http import HttpCoach
 
         return HttpCoach(cfg.coach.http, template)
-    from mappa.coach.local import LocalCoach, ScoreDistribution
+    from mappa.coach.local import LocalCoach
     from mappa.models.vllm_engine import VllmEngine, VllmScoreDistribution
 
     local = cfg.coach.local
@@ -170,36 +163,36 @@ def coach_backend(
                 ".gguf file or a pypi: model package"
             )
         threads = torch.get_num_threads()  # the trainer's threads idle while the coach reads
-        reader_dist = LlamaCppScoreDistribution(
+        dist: LlamaCppScoreDistribution | ScoreDistributionModel = LlamaCppScoreDistribution(
             gguf_path(local.model_path), local.context_tokens, threads, local.reply_tokens
         )
-        coach = LocalCoach(reader_dist, template, local.min_digit_mass)
-        if not cfg.coach.self_solve:
-            return coach
-        from mappa.coach.self_solve import SelfSolvingCoach, WorkedAnswers
-
-        answers = WorkedAnswers(reader_dist, cfg.coach.self_solve_tokens)
-        return SelfSolvingCoach(coach, answers, cfg.coach.agreement_weight)
-    from mappa.models.scorer import ScoreDistributionModel
-
-    if local.model_path is None:
-        if policies is None:
-            raise ValueError(
-                "the local coach without coach.local.model_path needs the policy model"
-            )
-        dist: ScoreDistribution = ScoreDistributionModel(
-            policies.model,
-            policies.tokenizer,
-            local.batch_size,
-            local.batch_tokens,
-            activate=lambda: policies.use(None),
-        )
     else:
-        from mappa.models.loading import load_base
+        from mappa.models.scorer import ScoreDistributionModel
 
-        model, tokenizer = load_base(local.model_path, cfg.model.dtype, cfg.model.device)
-        dist = ScoreDistributionModel(model, tokenizer, local.batch_size, local.batch_tokens)
-    return LocalCoach(dist, template, local.min_digit_mass)
+        if local.model_path is None:
+            if policies is None:
+                raise ValueError(
+                    "the local coach without coach.local.model_path needs the policy model"
+                )
+            dist = ScoreDistributionModel(
+                policies.model,
+                policies.tokenizer,
+                local.batch_size,
+                local.batch_tokens,
+                activate=lambda: policies.use(None),
+            )
+        else:
+            from mappa.models.loading import load_base
+
+            model, tokenizer = load_base(local.model_path, cfg.model.dtype, cfg.model.device)
+            dist = ScoreDistributionModel(model, tokenizer, local.batch_size, local.batch_tokens)
+    coach = LocalCoach(dist, template, local.min_digit_mass)
+    if not cfg.coach.self_solve:
+        return coach
+    from mappa.coach.self_solve import SelfSolvingCoach, WorkedAnswers
+
+    answers = WorkedAnswers(dist, cfg.coach.self_solve_tokens)
+    return SelfSolvingCoach(coach, answers, cfg.coach.agreement_weight)
 
 
 def make_optimizers(

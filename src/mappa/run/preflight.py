@@ -217,10 +217,10 @@ def _coach_problems(cfg: RunConfig) -> list[str]:
             f"coach.answer_check: template {c.template!r} never shows {{answer_check}} (put "
             "it in its reference or user section), so the coach would not see the check"
         )
-    if asked and c.self_solve and (c.backend != "local" or c.local.engine != "llamacpp"):
+    if asked and c.self_solve and (c.backend != "local" or coach_on_engine(cfg)):
         out.append(
-            "coach.self_solve: the coach writes its own solution with llama.cpp only: set "
-            "coach.backend: local and coach.local.engine: llamacpp, or self_solve: false"
+            "coach.self_solve: the coach writes its own solution in process only: set "
+            "coach.backend: local and coach.local.engine: hf or llamacpp, or self_solve: false"
         )
     if asked and c.cache.mode != "off":
         path = Path(c.cache.path) if c.cache.path else cache_root() / "coach_cache.sqlite"
@@ -388,6 +388,15 @@ def check_coach_reachable(cfg: RunConfig) -> None:
     problem = coach_unreachable(cfg)
     if problem:
         raise ConfigError(problem)
+
+
+def coach_on_engine(cfg: RunConfig) -> bool:
+    """The local coach scores on the rollout's vLLM engine (``coach.local.engine``: ``vllm``,
+    or ``auto`` with ``rollout.engine: vllm`` and the policy base as the coach)."""
+    c = cfg.coach
+    if c.backend != "local" or c.local.engine == "hf":
+        return False
+    return cfg.rollout.engine == "vllm" and c.local.model_path is None
 
 
 def coach_template(cfg: RunConfig) -> CoachTemplate:
