@@ -1,18 +1,23 @@
-"""The shipped CPU coach, three ways, on the same labelled cases, one after another in one
-run: what an expected score costs next to the written one.
+"""The shipped CPU coach, four ways, on the same labelled cases, one after another in one
+run: what an expected score costs next to the written one, and on which engine.
 
-- ``http written``: llama-cpp-python's OpenAI server (`mappa coach-serve`), the score the
+- ``http-written``: llama-cpp-python's OpenAI server (`mappa coach-serve`), the score the
   coach writes (``coach.http.score_mode: sample``, 24 tokens at most);
-- ``http expected``: the same server asked for ``top_logprobs`` at every token it writes
+- ``http-expected``: the same server asked for ``top_logprobs`` at every token it writes
   (``score_mode: expected``);
-- ``in-process expected``: ``coach.local.engine: llamacpp``, the distribution over 0..10
-  read from the logits where the score's digit goes, nothing written.
+- ``llamacpp``: ``coach.local.engine: llamacpp``, the distribution over 0..10
+  read from the logits where the score's digit goes, nothing written; prompts one after
+  another, each reusing the KV cache of what it shares with the one before;
+- ``hf``: ``coach.local.engine: hf``, the same distribution from transformers over
+  the GGUF dequantized once, in the config's ``model.dtype`` (bfloat16 on a CPU with it),
+  the shared prefix computed once and the rest batched.
 
 Each row is one `mappa coach-check --cases` (the config's template and reference scope) with
 the score cache off; the table shows seconds per action and the pairs ranked right. Run it
 alone: two CPU jobs at once slow each other many times over.
 
     .venv/bin/python benchmarks/coach_speed.py [--cases benchmarks/data/coach_cases_dev.jsonl]
+        [--way hf --way llamacpp] [config overrides for every row, e.g. coach.self_solve=false]
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ HTTP = [
     "coach.http.timeout_s=300",
 ]
 WAYS: dict[str, list[str]] = {
-    "http written": [*HTTP, "coach.http.score_mode=sample"],
-    "http expected": [*HTTP, "coach.http.score_mode=expected"],
-    "in-process expected": ["coach.backend=local", "coach.local.engine=llamacpp"],
+    "http-written": [*HTTP, "coach.http.score_mode=sample"],
+    "http-expected": [*HTTP, "coach.http.score_mode=expected"],
+    "llamacpp": ["coach.backend=local", "coach.local.engine=llamacpp"],
+    "hf": ["coach.backend=local", "coach.local.engine=hf"],
 }
 
 
@@ -43,10 +49,15 @@ def main() -> int:
     parser.add_argument("--config", default="configs/mathchat_qwen_cpu.yaml")
     parser.add_argument("--cases", default="benchmarks/data/coach_cases_dev.jsonl")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--way", action="append", choices=list(WAYS), help="a row to run (repeat; default all)"
+    )
+    parser.add_argument("overrides", nargs="*", help="config overrides for every row")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for way, overrides in WAYS.items():
+        for way in args.way or list(WAYS):
+            overrides = [*args.overrides, *WAYS[way]]
             out = Path(tmp) / "check.json"
             command = [
                 sys.executable, "-m", "mappa.cli", "coach-check", "--config", args.config,
@@ -59,7 +70,7 @@ def main() -> int:
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
             result = json.loads(out.read_text())
             rows.append((way, result))
-    print(f"\n{args.cases}, {args.config}")
+    print(f"\n{args.cases}, {args.config} {' '.join(args.overrides)}")
     print(f"{'way':<22}{'s/action':>10}{'pairs right':>13}{'flagged':>9}{'digit mass':>12}")
     for way, r in rows:
         mass = "-" if r.get("digit_mass") is None else f"{r['digit_mass']:.3f}"

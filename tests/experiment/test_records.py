@@ -57,3 +57,20 @@ def test_a_record_keeps_each_training_actions_score_status_and_oracle(tmp_path: 
     (folder / "actions.jsonl").unlink()
     assert records.has(run) and records.actions(run) is None
     assert records.read(run).metrics == [{"step": 1}]
+
+
+COMMITTED = ["sparse_outcomes_cpu"]
+"""Experiments whose records are committed under docs/results/<name>/ (configs/experiments/
+<name>.yaml plans them)."""
+
+
+def test_committed_records_still_match_their_experiment_files() -> None:
+    """A rerun of a committed experiment skips the runs it has recorded only while the
+    experiment file still plans those runs' configs: the base config moving on (a new coach
+    default) must be pinned in the experiment file, not break the resume."""
+    repo = Path(__file__).resolve().parents[2]
+    for name in COMMITTED:
+        path = repo / "configs" / "experiments" / f"{name}.yaml"
+        runs = plan_runs(load_experiment(path), path, repo / "runs" / "experiments" / name)
+        records = Records(repo / "docs" / "results" / name)
+        assert sum(records.has(run) for run in runs) == len(runs), name

@@ -416,9 +416,11 @@ class LocalCoachConfig(Strict):
         description="Where the coach's forward runs. `llamacpp`: llama.cpp in process over a "
         "GGUF (`model_path`: a `.gguf` file or a `pypi:` model package; needs the "
         "`coach-server` extra), prompts read one after another reusing the KV cache of "
-        "what they share; on a CPU the fastest way to read a quantized coach. `hf`: "
-        "transformers (the policy base with "
-        "adapters disabled, or `model_path`), batched by `batch_size`/`batch_tokens`. `vllm`: "
+        "what they share; on a CPU without bfloat16 instructions the fastest way to read a "
+        "quantized coach. `hf`: transformers (the policy base with adapters disabled, or "
+        "`model_path`, a GGUF dequantized once), batched by `batch_size`/`batch_tokens`; in "
+        "bfloat16 on a CPU with it (`model.dtype: auto`) it reads prompts faster than "
+        "llama.cpp reads the 4-bit GGUF (docs/benchmarks.md). `vllm`: "
         "the rollout's vLLM engine (`rollout.engine: vllm`) on its base without adapters, "
         "every action in one vLLM batch, the shared prompt prefix served by vLLM's prefix "
         "cache; only for the policy base (`model_path: null`), and it makes the engine hold "
@@ -531,7 +533,8 @@ class CoachConfig(Strict):
         "(greedy, `self_solve_tokens` at most; its cost is shared by every action of that "
         "task) and each action whose view has no reference is judged with the result that "
         "solution states in its place, labelled as the coach's own worked answer, not ground truth "
-        "(docs/coach.md). No label is used. `coach.local.engine: llamacpp` only.",
+        "(docs/coach.md). No label is used. An in-process coach only (`coach.local.engine`: "
+        "`hf` or `llamacpp`); `hf` writes the solutions of a step's tasks in one batch.",
     )
     self_solve_tokens: int = Field(
         320,

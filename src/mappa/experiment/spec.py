@@ -221,8 +221,11 @@ def _load(path: Path, overrides: list[str], arm: str) -> RunConfig:
 def plan_runs(
     spec: ExperimentConfig, experiment_file: Path, out: Path, coach_url: str | None = None
 ) -> list[RunSpec]:
-    """Every arm x seed's resolved config, arm by arm; raises ``ExperimentError`` naming the
-    arm for an override the run config refuses, and for arms that are not comparable.
+    """Every arm x seed's resolved config, seed by seed: every arm of a seed before the next
+    seed, so an experiment stopped or looked at part way holds complete blocks (each seed's
+    arms ran under the same code and machine state, and pair with one another). Raises
+    ``ExperimentError`` naming the arm for an override the run config refuses, and for arms
+    that are not comparable.
 
     Each run gets ``seed``, ``run_dir = <out>/runs/<arm>-s<seed>`` and ``tasks.seed`` (the
     base's task seed, so every seed sees the same problems). With ``coach_url`` (a coach
@@ -231,8 +234,8 @@ def plan_runs(
     base = base_config_path(spec.base, experiment_file)
     task_seed = _load(base, spec.overrides, "(common overrides)").task_seed
     runs = []
-    for arm, arm_overrides in spec.arms.items():
-        for seed in spec.seeds:
+    for seed in spec.seeds:
+        for arm, arm_overrides in spec.arms.items():
             overrides = [
                 *spec.overrides,
                 f"tasks.seed={task_seed}",

@@ -1,0 +1,116 @@
+"""How often the experiment's primary test calls a difference, by simulation: its
+false-positive rate when the arms are equal, and its power at given true gaps, for a number
+of seeds. The test is the one `mappa experiment` applies (``mappa.experiment.verdicts``:
+seed-paired t on final held-out accuracy, 95 % CI excluding 0).
+
+The model of one experiment, with the spreads measured in round 2 (docs/results.md):
+each held-out problem has its own difficulty (a logit drawn once per problem, shared by all
+arms and seeds); each seed moves every arm alike (a shared seed effect on the logit scale);
+each run adds its own effect (the run-to-run spread that pairing cannot remove); each
+problem is then answered right or wrong on that run. An arm's true gap is a shift of its
+mean accuracy, set on the logit scale so that the expected accuracies differ by ``gap``.
+The run-to-run logit SD is chosen so that a paired seed's difference has the SD measured in
+round 2 (``--pair-sd``, 0.065) at the base accuracy given; the script prints what it got.
+
+    .venv/bin/python benchmarks/verdict_power.py [--seeds 4 6 8 10] [--gaps 0 0.08 0.1 0.15]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from scipy import optimize, special
+
+from mappa.experiment.verdicts import paired_t, significant
+
+
+def accuracies(
+    rng: np.random.Generator,
+    experiments: int,
+    seeds: int,
+    problems: int,
+    base: float,
+    gap: float,
+    seed_sd: float,
+    run_sd: float,
+    problem_sd: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Final held-out accuracies of arms A and B, shape (experiments, seeds) each."""
+    difficulty = rng.normal(0.0, problem_sd, (experiments, 1, problems))
+    seed = rng.normal(0.0, seed_sd, (experiments, seeds, 1))
+    centre_b = _logit_for_mean(base, problem_sd)
+    centre_a = _logit_for_mean(base + gap, problem_sd)
+
+    def arm(centre: float) -> np.ndarray:
+        run = rng.normal(0.0, run_sd, (experiments, seeds, 1))
+        p = special.expit(centre + difficulty + seed + run)
+        right = rng.random(p.shape) < p
+        return np.asarray(right.mean(axis=-1))
+
+    return arm(centre_a), arm(centre_b)
+
+
+def _logit_for_mean(mean: float, problem_sd: float) -> float:
+    """The logit centre whose problems, spread by ``problem_sd``, average ``mean`` right."""
+    z = np.random.default_rng(1).normal(0.0, problem_sd, 20000)
+    return float(optimize.brentq(lambda c: special.expit(c + z).mean() - mean, -12.0, 12.0))
+
+
+def calibrated_run_sd(args: argparse.Namespace) -> float:
+    """The run-to-run logit SD at which a paired seed's difference has SD ``--pair-sd``."""
+    rng = np.random.default_rng(2)
+
+    def excess(run_sd: float) -> float:
+        a, b = accuracies(
+            rng, 400, 2, args.problems, args.base, 0.0, args.seed_sd, run_sd, args.problem_sd
+        )
+        return float((a - b).std()) - args.pair_sd
+
+    return float(optimize.brentq(excess, 0.0, 3.0, xtol=1e-3))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[4, 6, 8, 10])
+    parser.add_argument("--gaps", type=float, nargs="+", default=[0.0, 0.08, 0.10, 0.15])
+    parser.add_argument("--problems", type=int, default=128, help="held-out problems")
+    parser.add_argument("--base", type=float, default=0.40, help="arm B's mean accuracy")
+    parser.add_argument("--pair-sd", type=float, default=0.065)
+    parser.add_argument("--seed-sd", type=float, default=0.3, help="shared, logit scale")
+    parser.add_argument("--problem-sd", type=float, default=1.5, help="logit scale")
+    parser.add_argument("--experiments", type=int, default=4000)
+    args = parser.parse_args()
+    run_sd = calibrated_run_sd(args)
+    rng = np.random.default_rng(0)
+    a, b = accuracies(
+        rng, 4000, 2, args.problems, args.base, 0.0, args.seed_sd, run_sd, args.problem_sd
+    )
+    print(
+        f"{args.problems} problems, arm B at {args.base:.2f}; run-to-run logit SD {run_sd:.3f} "
+        f"gives a paired seed's difference SD {float((a - b).std()):.3f}; "
+        f"{args.experiments} simulated experiments a cell"
+    )
+    print("P(the primary test calls A > B or A < B):")
+    print(f"{'seeds':>6}" + "".join(f"{'gap ' + format(g, '.2f'):>11}" for g in args.gaps))
+    for seeds in args.seeds:
+        cells = []
+        for gap in args.gaps:
+            a, b = accuracies(
+                rng,
+                args.experiments,
+                seeds,
+                args.problems,
+                args.base,
+                gap,
+                args.seed_sd,
+                run_sd,
+                args.problem_sd,
+            )
+            cells.append(float(significant(paired_t(a, b).p).mean()))
+        print(f"{seeds:>6}" + "".join(f"{c:>11.3f}" for c in cells))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
