@@ -63,10 +63,28 @@ def fake_metrics(
 FAKE_BASE = {"accuracy": 0.25, "tasks": 4, "format_rate/verifier": 0.4}
 
 
+def _action(episode: str, agent: str, score: float, oracle: bool) -> dict[str, Any]:
+    return {"episode_id": episode, "agent": agent, "turn": 0, "score": score,
+            "flagged": False, "oracle": oracle, "correct": False}  # fmt: skip
+
+
+ACTIONS = [  # one failed episode: the solver went wrong first and scored lowest
+    _action("e1", "problem_solver", 1.0, False),
+    _action("e1", "code_executor", 6.0, True),
+    _action("e1", "verifier", 3.0, False),
+    _action("e2", "problem_solver", 8.0, True),
+]
+
+
 def test_results_table_over_seeds_and_verdicts() -> None:
     runs = [
         RunRecord(
-            "process", 0, fake_metrics([0.1] * 6 + [0.5] * 5, {4: 0.5, 10: 0.75}, 5.0), 10.0, AGENTS
+            "process",
+            0,
+            fake_metrics([0.1] * 6 + [0.5] * 5, {4: 0.5, 10: 0.75}, 5.0),
+            10.0,
+            AGENTS,
+            actions=ACTIONS,
         ),
         RunRecord("process", 1, fake_metrics([0.3] * 11, {4: 0.25, 10: 0.5}, 6.0), 30.0, AGENTS),
         RunRecord("outcome", 0, fake_metrics([0.0] * 11, {4: 0.0, 10: 0.0}), 8.0, AGENTS),
@@ -116,6 +134,14 @@ def test_results_table_over_seeds_and_verdicts() -> None:
     assert "| process | 0.250 (n=1) | 0.375 (0.250-0.500, sd 0.177, n=2) |" in page
     assert "| secondary | process | outcome | paired t | 0, 1 | 0.500 |" in page
     assert "| outcome | verifier | 5.5 (0.0-11.0, sd 7.8, n=2) |" in page
+    # seed 0 of the outcome arm had no right episode in any of its 11 steps
+    assert outcome["starved_steps"]["max"] == 11 and process["starved_steps"]["max"] == 0
+    assert outcome["credit"] is None  # no actions recorded
+    credit = process["credit"]
+    assert credit["oracle_auc"]["problem_solver"] == {"auc": 1.0, "right": 1, "wrong": 1}
+    assert credit["first_wrong_lowest"] == {"hits": 1, "episodes": 1}
+    assert "| process | problem_solver | 1.000 | 1 / 1 |" in page
+    assert "| process | 1 / 1 |" in page
 
 
 def test_results_degenerate_one_seed_and_an_arm_without_eval() -> None:
@@ -160,14 +186,15 @@ GOOD = """\
 def test_plan_resolves_every_arm_and_seed_on_the_same_tasks(tmp_path: Path) -> None:
     path = _experiment(tmp_path, GOOD)
     runs = plan_runs(load_experiment(path), path, tmp_path / "out", "http://127.0.0.1:9/v1")
+    # seed by seed: every arm of seed 0 before seed 1 (complete blocks)
     assert [r.name for r in runs] == [
-        f"{a}-s{s}" for a in ("process", "outcome_only", "grpo") for s in (0, 1)
+        f"{a}-s{s}" for s in (0, 1) for a in ("process", "outcome_only", "grpo")
     ]
     assert {r.config.task_seed for r in runs} == {0}  # the base's seed, for every run seed
-    assert [r.config.seed for r in runs[:2]] == [0, 1]
-    assert runs[1].config.run_dir == tmp_path / "out" / "runs" / "process-s1"
+    assert [r.config.seed for r in runs[::3]] == [0, 1]
+    assert runs[3].config.run_dir == tmp_path / "out" / "runs" / "process-s1"
     # only the arm that asks a coach is pointed at the experiment's server
-    assert [r.config.coach.backend for r in runs] == ["http"] * 2 + ["local"] * 4
+    assert [r.config.coach.backend for r in runs] == ["http", "local", "local"] * 2
     assert runs[0].config.coach.http.base_url == "http://127.0.0.1:9/v1"
 
 
@@ -245,6 +272,9 @@ def test_one_seed_is_allowed_with_a_warning(
     assert "one seed per arm" in caplog.text and len(runs) == 3
 
 
+OUTCOME_ARMS = ("outcome_only", "grpo")
+
+
 def test_shipped_experiments_resolve(tmp_path: Path) -> None:
     """Every experiment under configs/experiments/ (the YAML files with `arms`; files they
     use, such as coach templates, may sit beside them) names a base that resolves and arms
@@ -255,15 +285,16 @@ def test_shipped_experiments_resolve(tmp_path: Path) -> None:
     assert shipped, "no shipped experiment"
     for path in shipped:
         spec = load_experiment(path)
-        assert len(spec.seeds) >= 2 and {"process", "outcome_only", "grpo"} <= set(spec.arms)
+        assert len(spec.seeds) >= 2 and "outcome_only" in spec.arms
         try:
             runs = plan_runs(spec, path, tmp_path / path.stem)
         except ExperimentError as err:
             if "not found" in str(err) or "No such file" in str(err):
                 pytest.skip(f"{path.name}: its task files are not here ({err})")
             raise
-        # the process arms score every action; the outcome arms ask no coach
-        assert all(r.config.rl.needs_coach == r.arm.startswith("process") for r in runs)
+        # the outcome arms ask no coach; every other arm scores every action (a coach or
+        # a rule)
+        assert all(r.config.rl.needs_coach == (r.arm not in OUTCOME_ARMS) for r in runs)
 
 
 def test_the_documented_example_is_a_valid_experiment(tmp_path: Path) -> None:
@@ -359,11 +390,15 @@ def _fake_experiment(
     return experiment, children, fake
 
 
+PROCESS_AND_OUTCOME = ("process-s0", "process-s1", "outcome_only-s0")
+
+
 def test_rerun_skips_finished_runs_resumes_started_ones_and_restarts_the_rest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     experiment, children, _ = _fake_experiment(tmp_path, monkeypatch, server=False)
-    process0, process1, outcome0, *_ = experiment.runs
+    named = {r.name: r for r in experiment.runs}
+    process0, process1, outcome0 = (named[n] for n in PROCESS_AND_OUTCOME)
 
     def checkpoint(run: Any, step: int) -> None:
         ckpt = run.config.run_dir / "checkpoints" / f"step-{step:06d}"
@@ -381,14 +416,15 @@ def test_rerun_skips_finished_runs_resumes_started_ones_and_restarts_the_rest(
     (tmp_path / "out" / "base" / "eval.json").write_text("{}")  # evaluated already
     experiment.run()
     configs = tmp_path / "out" / "configs"
-    assert children[0] == [
+    # seed 0's arms first (process-s0 skipped), then seed 1's
+    assert children[0] == ["train", "--config", str(configs / "outcome_only-s0.yaml")]
+    assert children[2] == [
         "train",
         "--config",
         str(configs / "process-s1.yaml"),
         "--resume",
         str(process1.config.run_dir),
     ]
-    assert children[1] == ["train", "--config", str(configs / "outcome_only-s0.yaml")]
     assert not (outcome0.config.run_dir / "episodes.jsonl").exists()  # started over
     assert len(children) == 5  # process-s0 skipped, the base not evaluated again
     assert (tmp_path / "out" / "records" / "process-s0" / "record.json").is_file()  # kept too
@@ -399,7 +435,7 @@ def test_records_let_a_rerun_elsewhere_skip_finished_runs_and_refuse_a_changed_c
 ) -> None:
     records = tmp_path / "records"
     experiment, children, _ = _fake_experiment(tmp_path / "a", monkeypatch, False, records)
-    experiment.runs = experiment.runs[:2]  # an experiment stopped after two runs
+    experiment.runs = [r for r in experiment.runs if r.arm == "process"]  # two runs only
     experiment.run()
     assert len(children) == 3  # base + 2 runs
     kept = sorted(p.name for p in records.iterdir())
@@ -425,7 +461,7 @@ def test_records_let_a_rerun_elsewhere_skip_finished_runs_and_refuse_a_changed_c
     assert "recorded already" in said["process-s0"] and "made by code" not in said["process-s0"]
     assert f"made by code abc, this is {source_revision()}" in said["process-s1"]
     assert [c[2].rsplit("/", 1)[-1] for c in children] == [
-        f"{arm}-s{s}.yaml" for arm in ("outcome_only", "grpo") for s in (0, 1)
+        f"{arm}-s{s}.yaml" for s in (0, 1) for arm in ("outcome_only", "grpo")
     ]  # neither the base nor the recorded runs again
     stored = {r.seed: r.metrics for r in experiment.run_records() if r.arm == "process"}
     assert stored == {s: [{"step": 0, "run": f"process-s{s}"}] for s in (0, 1)}
@@ -448,12 +484,12 @@ def test_coach_server_starts_only_for_arms_that_ask_a_coach_and_always_stops(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     experiment, children, fake = _fake_experiment(tmp_path, monkeypatch, server=True)
-    assert [r.config.coach.backend for r in experiment.runs] == ["http"] * 2 + ["local"] * 4
+    assert [r.config.coach.backend for r in experiment.runs] == ["http", "local", "local"] * 2
     experiment.run()
     assert len(children) == 7  # base + 6 runs
-    # up for the process runs (the first two), stopped once no later run asks a coach
+    # up from the first process run (seed 0's first) until no later run asks a coach
     assert fake.events == ["start", "stop"]
-    assert fake.running_during == [False, True, True, False, False, False, False]
+    assert fake.running_during == [False, True, True, True, True, False, False]
 
     experiment, children, fake = _fake_experiment(tmp_path / "again", monkeypatch, server=True)
     experiment.runs = [r for r in experiment.runs if r.arm != "process"]  # no coach asked

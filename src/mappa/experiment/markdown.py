@@ -101,6 +101,34 @@ def results_markdown(results: dict[str, Any], title: str) -> str:
             for agent, s in per_agent.items()
         ]
         lines += table(["arm", "agent", "start", "end"], rows)
+    lines += ["## Training steps whose batch held no right episode (over seeds)", ""]
+    lines += ["On these an outcome reward is the same for every action: nothing to learn.", ""]
+    lines += table(
+        ["arm", "steps"],
+        [[arm, cell(a["starved_steps"], 1)] for arm, a in arms.items() if "starved_steps" in a],
+    )
+    credited = {arm: a["credit"] for arm, a in arms.items() if a.get("credit")}
+    if credited:
+        lines += ["## Credit assignment: training scores against the oracle's verdicts", ""]
+        lines += [
+            "Per agent, over all seeds' training actions: the AUC of the scores against "
+            "each action's oracle verdict (its result equals the reference; a right action "
+            "above a wrong one, ties half), with how many were right and wrong. Then, in "
+            "failed episodes, how often the lowest score fell on the first agent that went "
+            "wrong (episodes with a wrong action and no tie for the lowest).",
+            "",
+        ]
+        rows = [
+            [arm, agent, fmt(v["auc"]), f"{v['right']} / {v['wrong']}"]
+            for arm, c in credited.items()
+            for agent, v in c["oracle_auc"].items()
+        ]
+        lines += table(["arm", "agent", "AUC against the oracle", "right / wrong"], rows)
+        rows = [
+            [arm, f"{c['first_wrong_lowest']['hits']} / {c['first_wrong_lowest']['episodes']}"]
+            for arm, c in credited.items()
+        ]
+        lines += table(["arm", "lowest score on the first wrong agent"], rows)
     keys = list(dict.fromkeys(k for a in arms.values() for k in a["behaviour"]))
     if keys:
         lines += ["## Behaviour on the held-out set (final evaluation; base model beside)", ""]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from statistics import mean, stdev
 from typing import Any
 
+from mappa.experiment.credit import first_wrong_blame, oracle_auc
 from mappa.experiment.verdicts import RULE, ArmFinals, Pair, verdicts
 
 TRAIN_WINDOW = 5
@@ -37,6 +38,8 @@ class RunRecord:
     agents: Sequence[str] = field(default_factory=tuple)
     answers: Mapping[str, float] | None = None
     """The final held-out evaluation per problem: task id -> share of its samples right."""
+    actions: Sequence[Mapping[str, Any]] | None = None
+    """Its training actions (``records.action_rows``); None where they were not recorded."""
 
 
 def spread(values: Sequence[float | None]) -> Stats:
@@ -129,6 +132,30 @@ def optimizer_steps(run: RunRecord) -> dict[str, int]:
     return {a: sum(taken(m, a) for m in run.metrics) for a in run.agents}
 
 
+def starved_steps(run: RunRecord) -> int:
+    """Training steps whose batch held no right episode (training accuracy 0): an outcome
+    reward gives every action of such a step the same reward, nothing to learn from.
+
+    >>> starved_steps(RunRecord("a", 0, [{"accuracy": 0.0}, {"accuracy": 0.25}, {}]))
+    1
+    """
+    return sum(1 for m in run.metrics if m.get("accuracy") == 0)
+
+
+def credit(runs: Sequence[RunRecord], agents: Sequence[str]) -> dict[str, Any] | None:
+    """The arm's training actions over all its seeds against the oracle's verdicts
+    (``mappa.experiment.credit``); None where no action carries a score and a verdict."""
+    rows = [a for r in runs for a in (r.actions or [])]
+    aucs = oracle_auc(rows, agents)
+    if not any(a.right + a.wrong for a in aucs):
+        return None
+    blame = first_wrong_blame(rows, agents)
+    return {
+        "oracle_auc": {a.agent: {"auc": a.auc, "right": a.right, "wrong": a.wrong} for a in aucs},
+        "first_wrong_lowest": {"hits": blame.hits, "episodes": blame.episodes},
+    }
+
+
 def arm_summary(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, Any]:
     """One arm's numbers over its seeds (``runs``: its runs, one per seed)."""
     agents = list(dict.fromkeys(a for r in runs for a in r.agents))
@@ -149,6 +176,8 @@ def arm_summary(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, An
         "coach": coach,
         "behaviour": behaviour(runs, base),
         "optimizer_steps": {a: spread([optimizer_steps(r).get(a) for r in runs]) for a in agents},
+        "starved_steps": spread([starved_steps(r) for r in runs]),
+        "credit": credit(runs, agents),
         "wall_s": spread([r.wall_s for r in runs]),
         "runs": {
             f"{r.arm}-s{r.seed}": {

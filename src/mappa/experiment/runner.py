@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from mappa.experiment.records import Records, run_dir_answers
+from mappa.experiment.records import Records, action_rows, run_dir_answers
 from mappa.experiment.results import RunRecord, summarize
 from mappa.experiment.spec import ExperimentError, RunSpec, load_experiment, plan_runs
 from mappa.jsonl import append_jsonl, read_jsonl
@@ -290,7 +290,12 @@ class Experiment:
                 metrics = read_jsonl(path) if path.is_file() else []
                 wall, answers = self._wall(run.name), run_dir_answers(run.config.run_dir)
             agents = [a.name for a in run.config.agents]
-            out.append(RunRecord(run.arm, run.seed, metrics, wall, agents, answers))
+            actions = (
+                self.records.actions(run)
+                if run.name in self.recorded
+                else action_rows(run.config.run_dir)
+            )
+            out.append(RunRecord(run.arm, run.seed, metrics, wall, agents, answers, actions))
         return out
 
     def write_results(self) -> Path:
