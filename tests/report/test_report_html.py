@@ -243,3 +243,20 @@ def test_report_imports_no_torch(tmp_path: Path) -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_held_out_curve_starts_at_the_untrained_evaluation(tmp_path: Path) -> None:
+    """The demo's one evaluation after its last step is one point; with the untrained
+    team's (``eval_start/accuracy`` in step 0's line) the chart shows the change, by steps
+    done, on a readable axis."""
+    run_dir = write_run(tmp_path / "run")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        row.pop("eval/accuracy", None)
+    rows[0]["eval_start/accuracy"] = 0.1875
+    rows[-1]["eval/accuracy"] = 0.625
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    heldout = next(c for _, cs in CURVES for c in cs if c.title == "held-out accuracy")
+    [series] = curve_series(heldout, [load_run(run_dir, "run")], list(AGENTS))
+    assert series.xs == [0.0, rows[-1]["step"] + 1.0] and series.ys == [0.1875, 0.625]
+    assert "steps done" in line_chart("h", "accuracy", [series], "c9", "steps done")

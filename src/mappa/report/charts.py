@@ -90,9 +90,37 @@ def _inline_svg(fig: Any, prefix: str) -> str:
     return _REF.sub(lambda m: f"{m.group(1)}{prefix}-", svg[svg.index("<svg") :])
 
 
-def line_chart(title: str, ylabel: str, series: Sequence[Series], chart_id: str) -> str:
+def readable_limits(
+    series: Sequence[Series],
+) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """Axis limits for a chart of one step or of one value (None: matplotlib's own): a step
+    either side, and 10 % of the value (0.05 at least) either side, where matplotlib would
+    zoom to a few percent of the value (one accuracy of 1.0 on an axis from 0.96 to 1.04).
+
+    >>> readable_limits([Series("a", [3.0], [1.0])])
+    ((2.0, 4.0), (0.9, 1.1))
+    >>> readable_limits([Series("a", [0.0, 1.0], [0.2, 0.5])])
+    (None, None)
+    """
+    xs = {x for s in series for x in s.xs}
+    ys = {y for s in series for y in s.ys}
+    xlim = ylim = None
+    if len(xs) == 1:
+        x = next(iter(xs))
+        xlim = (x - 1.0, x + 1.0)
+    if len(ys) == 1:
+        y = next(iter(ys))
+        pad = max(abs(y) * 0.1, 0.05)
+        ylim = (y - pad, y + pad)
+    return xlim, ylim
+
+
+def line_chart(
+    title: str, ylabel: str, series: Sequence[Series], chart_id: str, xlabel: str = "step"
+) -> str:
     """A line chart over training steps; a legend when there is more than one line (below
-    the axes when there are many)."""
+    the axes when there are many). A chart of one step, or of one value, keeps a readable
+    range around it (matplotlib's own is a few percent of the value)."""
     plt = require_matplotlib()
     fig, ax = plt.subplots(figsize=(4.4, 2.7))
     for s in series:
@@ -106,8 +134,13 @@ def line_chart(title: str, ylabel: str, series: Sequence[Series], chart_id: str)
             markersize=3,
             linewidth=1.4,
         )
+    xlim, ylim = readable_limits(series)
+    if xlim:
+        ax.set_xlim(*xlim)
+    if ylim:
+        ax.set_ylim(*ylim)
     ax.set_title(title)
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.xaxis.get_major_locator().set_params(integer=True)

@@ -54,14 +54,20 @@ class Curve:
     title: str
     ylabel: str
     keys: tuple[tuple[str, str], ...]  # (metric key, line label)
+    start: str | None = None
+    """A key whose value in a run's first line is its state before any step (the untrained
+    team's held-out evaluation, ``eval.at_start``): drawn at 0 steps done, and the curve's
+    own points at the steps done when they were taken (a line's step + 1)."""
 
     @property
     def per_agent(self) -> bool:
         return "{agent}" in self.keys[0][0]
 
 
-def _curve(title: str, ylabel: str, *keys: str | tuple[str, str]) -> Curve:
-    return Curve(title, ylabel, tuple((k, k) if isinstance(k, str) else k for k in keys))
+def _curve(
+    title: str, ylabel: str, *keys: str | tuple[str, str], start: str | None = None
+) -> Curve:
+    return Curve(title, ylabel, tuple((k, k) if isinstance(k, str) else k for k in keys), start)
 
 
 CURVES: tuple[tuple[str, tuple[Curve, ...]], ...] = (
@@ -78,7 +84,7 @@ CURVES: tuple[tuple[str, tuple[Curve, ...]], ...] = (
                 "coach_health/{agent}/digit_mass",
             ),
             _curve("outcome accuracy (training rollouts)", "accuracy", "accuracy"),
-            _curve("held-out accuracy", "accuracy", "eval/accuracy"),
+            _curve("held-out accuracy", "accuracy", "eval/accuracy", start="eval_start/accuracy"),
             _curve("answer format per agent", "share of episodes", "format_rate/{agent}"),
         ),
     ),
@@ -128,12 +134,18 @@ def _number(value: Any) -> float | None:
     return float(value) if value == value and abs(value) != float("inf") else None
 
 
-def _points(run: RunData, key: str) -> tuple[list[float], list[float]]:
+def _points(run: RunData, key: str, start: str | None = None) -> tuple[list[float], list[float]]:
+    """The run's values of ``key`` by step; with ``start``, by steps done, its value before
+    any step first (``Curve.start``)."""
     xs, ys = [], []
+    first = _number(run.metrics[0].get(start)) if start and run.metrics else None
+    if first is not None:
+        xs.append(0.0)
+        ys.append(first)
     for row in run.metrics:
         y = _number(row.get(key))
         if y is not None and "step" in row:
-            xs.append(float(row["step"]))
+            xs.append(float(row["step"]) + (1.0 if start else 0.0))
             ys.append(y)
     return xs, ys
 
@@ -154,7 +166,7 @@ def curve_series(curve: Curve, runs: Sequence[RunData], agents: Sequence[str]) -
         else:
             several = len(curve.keys) > 1
             for ki, (key, label) in enumerate(curve.keys):
-                xs, ys = _points(run, key)
+                xs, ys = _points(run, key, curve.start)
                 if xs and several:
                     out.append(Series(prefix + label, xs, ys, ki, ri))
                 elif xs:
@@ -188,7 +200,10 @@ def curves_view(runs: Sequence[RunData], agents: Sequence[str]) -> str:
         for curve in curves:
             series = curve_series(curve, runs, agents)
             if series:
-                charts.append(_chart(line_chart(curve.title, curve.ylabel, series, f"c{n}")))
+                xlabel = "steps done" if curve.start else "step"
+                charts.append(
+                    _chart(line_chart(curve.title, curve.ylabel, series, f"c{n}", xlabel))
+                )
                 n += 1
         if charts:
             parts.append(f'<h2>{_esc(section)}</h2><div class="charts">{"".join(charts)}</div>')
