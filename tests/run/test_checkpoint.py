@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from conftest import tiny_run_config
 from mappa.cli import main
 from mappa.jsonl import read_jsonl
 from mappa.provenance import CODE_LOG, run_code, source_revision
+from mappa.run import checkpoint
 from mappa.run.checkpoint import config_differences, latest_checkpoint
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
@@ -167,6 +169,13 @@ def test_resume_refuses_a_different_config_and_extends_steps(
     (bare / "config.yaml").write_text((run_dir / "config.yaml").read_text())
     assert main(["train", "--resume", str(bare)]) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
+    damaged = tmp_path / "damaged"
+    shutil.copytree(run_dir, damaged, symlinks=True)
+    state = latest_checkpoint(damaged) / "state.pt"  # type: ignore[operator]
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a copy cut short
+    assert main(["train", "--resume", str(damaged)]) == 2
+    err = capsys.readouterr().err
+    assert str(state) in err and "damaged" in err and len(err.strip().splitlines()) == 1
 
     # Extended to 4 steps: steps 0-1 ran on a 2-step lr schedule, so only the sampling and
     # the coach of step 0-1 match the 4-step reference; the run goes on from its checkpoint.
@@ -193,3 +202,32 @@ def test_a_run_saved_before_a_key_existed_resumes_under_its_default(
     assert config_differences(saved, other) == ["coach.local.engine"]
     quiet = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.tensorboard=false")
     assert config_differences(saved, quiet) == []  # resumable: computes nothing
+
+
+def test_a_damaged_checkpoint_falls_back_to_an_intact_older_one(tmp_path: Path) -> None:
+    """Checksums recorded at save: a file cut short or missing is named; an older intact
+    checkpoint, where one is kept, is used instead; a checkpoint from before checksums
+    were recorded is taken as it is."""
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        ckpt = root / f"step-{step:06d}"
+        (ckpt / "adapters").mkdir(parents=True)
+        (ckpt / "state.pt").write_bytes(b"state" * 100)
+        (ckpt / "adapters" / "weights").write_bytes(b"w" * 10)
+        meta = {"step": step, "offsets": {}, "sha256": checkpoint._digests(ckpt)}
+        (ckpt / "checkpoint.json").write_text(json.dumps(meta))
+    assert checkpoint.resumable_checkpoint(tmp_path).name == "step-000002"
+    newest = root / "step-000002"
+    (newest / "adapters" / "weights").unlink()
+    assert checkpoint.damage(newest) == f"{newest / 'adapters' / 'weights'} is missing"
+    assert checkpoint.resumable_checkpoint(tmp_path).name == "step-000001"
+    oldest = root / "step-000001" / "state.pt"
+    oldest.write_bytes(b"state" * 50)
+    assert checkpoint.damage(oldest.parent) == (
+        f"{oldest} is not the file that was written (its sha256 differs)"
+    )
+    with pytest.raises(ValueError, match=r"weights is missing: .* older ones are damaged too"):
+        checkpoint.resumable_checkpoint(tmp_path)
+    meta = json.loads((newest / "checkpoint.json").read_text())
+    (newest / "checkpoint.json").write_text(json.dumps({**meta, "sha256": None}))
+    assert checkpoint.resumable_checkpoint(tmp_path) == newest  # older format: no check

@@ -29,6 +29,7 @@ but ``config.RESUMABLE_KEYS``, naming the keys.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -150,7 +151,7 @@ def save_checkpoint(run_dir: Path, step: int, state: TrainState) -> Path:
         tmp / "state.pt",
     )
     offsets = {f: (run_dir / f).stat().st_size for f in RECORD_FILES if (run_dir / f).exists()}
-    meta = {"step": step, "offsets": offsets}
+    meta = {"step": step, "offsets": offsets, "sha256": _digests(tmp)}
     (tmp / "checkpoint.json").write_text(json.dumps(meta, indent=1) + "\n")
     _fsync_tree(tmp)
     if final.exists():  # the same step again (a resumed run that had nothing left to do)
@@ -185,12 +186,67 @@ def resume_hint(run_dir: Path) -> str:
     )
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint (a renamed ``step-<N>`` directory), if any."""
+def _complete(run_dir: Path) -> list[Path]:
+    """The complete checkpoints (renamed ``step-<N>`` directories), oldest first."""
     root = run_dir / CHECKPOINTS
     done = sorted(root.glob("step-*")) if root.is_dir() else []
-    done = [d for d in done if (d / "checkpoint.json").is_file()]
+    return [d for d in done if (d / "checkpoint.json").is_file()]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint (a renamed ``step-<N>`` directory), if any."""
+    done = _complete(run_dir)
     return done[-1] if done else None
+
+
+def _digests(ckpt: Path) -> dict[str, str]:
+    """sha256 of every file of a checkpoint directory, by its path inside it."""
+    out = {}
+    for path in sorted(p for p in ckpt.rglob("*") if p.is_file()):
+        h = hashlib.sha256()
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        out[path.relative_to(ckpt).as_posix()] = h.hexdigest()
+    return out
+
+
+def damage(ckpt: Path) -> str | None:
+    """What is wrong with a complete checkpoint's files (one missing, or not what was
+    written: a disk filled up, a copy cut short), or None. A checkpoint written before
+    checksums were recorded is taken as it is."""
+    recorded = json.loads((ckpt / "checkpoint.json").read_text()).get("sha256")
+    if not recorded:
+        return None
+    found = _digests(ckpt)
+    for name, digest in recorded.items():
+        if name not in found:
+            return f"{ckpt / name} is missing"
+        if found[name] != digest:
+            return f"{ckpt / name} is not the file that was written (its sha256 differs)"
+    return None
+
+
+def resumable_checkpoint(run_dir: Path) -> Path:
+    """The newest complete checkpoint whose files are intact; an older one is used (with a
+    warning) where the newest is damaged and an older one is kept. ``FileNotFoundError``
+    without a checkpoint, ``ValueError`` naming the damaged file when none is intact."""
+    done = _complete(run_dir)
+    if not done:
+        raise FileNotFoundError(f"{run_dir}: no complete checkpoint to resume from")
+    problems: list[str] = []
+    for ckpt in reversed(done):
+        problem = damage(ckpt)
+        if problem is None:
+            for skipped in problems:
+                log.warning("%s; resuming from the older %s instead", skipped, ckpt.name)
+            return ckpt
+        problems.append(problem)
+    older = "no older one is kept" if len(problems) == 1 else "the older ones are damaged too"
+    raise ValueError(
+        f"{problems[0]}: the checkpoint is damaged and {older}; start the run again "
+        f"(`mappa train --config {run_dir / 'config.yaml'} run_dir=<a new dir>`)"
+    )
 
 
 # ------------------------------------------------------------------------ resuming
@@ -238,8 +294,7 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
     config = run_dir / "config.yaml"
     if not config.is_file():
         raise FileNotFoundError(f"{run_dir}: no config.yaml; not a training run")
-    if latest_checkpoint(run_dir) is None:
-        raise FileNotFoundError(f"{run_dir}: no complete checkpoint to resume from")
+    resumable_checkpoint(run_dir)
     saved = yaml.safe_load(config.read_text()) or {}
     diff = config_changes(saved, cfg)
     if diff:
@@ -271,9 +326,7 @@ def write_atomic(path: Path, text: str) -> None:
 def restore(run_dir: Path, state: TrainState) -> int:
     """Load the newest checkpoint into ``state``; cut the records back to it; returns the
     steps done. RNG states are restored last, after everything that draws from them."""
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise FileNotFoundError(f"{run_dir}: no complete checkpoint to resume from")
+    ckpt = resumable_checkpoint(run_dir)
     meta = json.loads((ckpt / "checkpoint.json").read_text())
     step = int(meta["step"])
     saved = torch.load(ckpt / "state.pt", weights_only=True)
