@@ -3,6 +3,7 @@ fix, all raised before any model loads."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -156,3 +157,7 @@ def test_a_bare_train_says_what_it_will_run_before_loading(
         f"mappa train: the demo config {default_config()} (no --config given): 3 steps with "
         f"{model}, run dir runs/here\n"
     ]
+    seen.clear()  # the demo's own run dir has {time} in it: the time is shown, filled in
+    assert main(["train", "train.steps=3"]) == 0
+    [line] = seen
+    assert "{time}" not in line and re.search(r"run dir runs/demo-\d{8}-\d{6}\n$", line)

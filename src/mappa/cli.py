@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from mappa import __version__
 from mappa.config import RESUMABLE_KEYS, ConfigError, RunConfig, load_config
+from mappa.paths import expand_run_dir
 
 if TYPE_CHECKING:
     from mappa.coach.base import CoachBackend
@@ -734,6 +735,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "train":
         demo = args.config is None and resume is None
+        if resume is None:  # the run dir announced is the one the run writes to
+            cfg.run_dir = expand_run_dir(cfg.run_dir)
         print(_train_plan(cfg, config_path, demo, resume), flush=True)
     _setup_logging()
     from mappa.coach import CoachFatalError

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +27,7 @@ from mappa.coach.stats import NoSignalWatch
 from mappa.config import RunConfig
 from mappa.jsonl import append_jsonl, read_jsonl
 from mappa.models.sync_probe import StaleAdapterError
+from mappa.paths import expand_run_dir
 from mappa.provenance import note_code
 from mappa.records import append_episodes
 from mappa.rl.kl import KLController
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 def resolve_run_dir(run_dir: Path) -> Path:
     """Expand ``{time}`` in the configured run dir; refuse to mix two runs in one dir."""
-    path = Path(str(run_dir).format(time=datetime.now().strftime("%Y%m%d-%H%M%S")))
+    path = expand_run_dir(run_dir)
     if (path / "metrics.jsonl").exists() or (path / "episodes.jsonl").exists():
         raise FileExistsError(f"{path} already holds a run; choose another run_dir")
     path.mkdir(parents=True, exist_ok=True)
