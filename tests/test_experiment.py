@@ -219,6 +219,8 @@ def test_the_analysis_names_the_comparisons_before_any_run(tmp_path: Path) -> No
         ({"seeds": []}, "seeds: List should have at least 1 item"),
         ({"seeds": [1, 1]}, "seeds repeat"),
         ({"colour": "red"}, "colour: unknown key"),
+        ({"seed": [0]}, "seed: unknown key; did you mean seeds\\?"),
+        ({"analysis": {"primry": ["grpo", "process"]}}, "did you mean analysis.primary\\?"),
         ({"base": "nowhere"}, r"neither a file next to it .* nor a shipped config \[.*demo"),
         ({"arms": {"a": [], "b": ["train.steps=7"]}}, "differ in rollout budget"),
         ({"arms": {"a": [], "b": ["eval.num_tasks=5"]}}, "differ in their held-out evaluation"),

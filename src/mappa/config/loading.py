@@ -87,11 +87,12 @@ def _schema_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-def closest_key(loc: tuple[str | int, ...]) -> str | None:
-    """The valid key an unknown key ``loc`` most likely means: a close name in its own
+def closest_key(loc: tuple[str | int, ...], root: type[BaseModel] = RunConfig) -> str | None:
+    """The valid key an unknown key ``loc`` of a ``root`` file (a run config, or another
+    schema such as an experiment file's) most likely means: a close name in its own
     section, else a close dotted key anywhere, else a key anywhere with a close last name
     (``lr`` -> ``rl.lr``); None when nothing is close (``difflib``'s default cutoff)."""
-    model: type[BaseModel] | None = RunConfig
+    model: type[BaseModel] | None = root
     for part in loc[:-1]:
         if model is not None and not isinstance(part, int):
             field = model.model_fields.get(part)
@@ -101,7 +102,7 @@ def closest_key(loc: tuple[str | int, ...]) -> str | None:
         near = difflib.get_close_matches(leaf, list(model.model_fields), n=1)
         if near:
             return ".".join([*parent, near[0]])
-    keys = _schema_keys(RunConfig)
+    keys = _schema_keys(root)
     near = difflib.get_close_matches(".".join(map(str, loc)), keys, n=1)
     if near:
         return near[0]

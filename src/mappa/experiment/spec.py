@@ -20,6 +20,7 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from mappa.config import ConfigError, RunConfig, load_config
+from mappa.config.loading import closest_key
 from mappa.config.schema import Strict
 
 if TYPE_CHECKING:
@@ -202,9 +203,11 @@ def load_experiment(path: Path, overrides: list[str] | None = None) -> Experimen
         lines = [f"{path}: invalid experiment"]
         for e in err.errors():
             key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            lines.append(
-                f"  {key}: {'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}"
-            )
+            msg = e["msg"]
+            if e["type"] == "extra_forbidden":
+                near = closest_key(tuple(e["loc"]), ExperimentConfig)
+                msg = "unknown key" + (f"; did you mean {near}?" if near else "")
+            lines.append(f"  {key}: {msg}")
         raise ExperimentError("\n".join(lines)) from None
     if len(spec.seeds) == 1:
         log.warning("%s: one seed per arm: no spread, so no difference can be called", path)
