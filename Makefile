@@ -21,7 +21,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 VLLM_VENV ?= .venv-vllm
-DEPS   := pyproject.toml requirements-models.txt Makefile
+DEPS   := pyproject.toml requirements-models.txt constraints.txt Makefile
 # Extra arguments for `mappa train` in `make demo`, e.g. ARGS="train.steps=1".
 ARGS   ?=
 
@@ -65,7 +65,7 @@ $(VENV)/.mappa-coach-server: $(VENV)/.mappa-installed
 # Training on Ray (a `cluster:` section; docs/scaling.md) and the cluster tests. torch is pinned
 # on the same command line so pip never moves it (Ray itself does not need torch).
 $(VENV)/.mappa-ray: $(VENV)/.mappa-installed
-	$(BIN)/python -m pip install --quiet torch==2.13.0 -e '.[ray]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0 -e '.[ray]'
 	touch $@
 
 # pypi:qwen2.5-coder-1.5b-instruct: a GGUF split across 22 packages (docs/design.md §2),

@@ -231,7 +231,7 @@ def test_cli_report_defaults_and_errors(
     assert main(["report", str(tmp_path / "missing")]) == 2
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     assert main(["report", str(a)]) == 2
-    assert "pip install 'mappa[report]'" in capsys.readouterr().err
+    assert "pip install 'mappa-rl[report]'" in capsys.readouterr().err
 
 
 def test_report_imports_no_torch(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ actor(s), optimizers a checkpoint can save, and a coach backend. ``remote_update
 each agent's optimizer step on its trainer actor, in parallel.
 
 Nothing here is imported unless a config has a ``cluster`` section: Ray is an optional
-extra (``pip install 'mappa[ray]'``). ``errors`` alone imports no Ray, so the loop can
+extra (``pip install 'mappa-rl[ray]'``). ``errors`` alone imports no Ray, so the loop can
 catch ``WorkerLost`` without it.
 """
 

@@ -285,7 +285,7 @@ class TaskConfig(Strict):
         "arithmetic",
         description="`arithmetic` (built-in seeded problems), a JSON/JSONL file with "
         "`prompt` and `answer` fields (optional `id`), or a Hugging Face dataset directory "
-        "written by `save_to_disk` (needs `mappa[hf]`).",
+        "written by `save_to_disk` (needs `mappa-rl[hf]`).",
     )
     num_tasks: int = Field(256, ge=1, description="How many arithmetic tasks to generate.")
     difficulty: int = Field(

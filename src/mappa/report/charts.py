@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-INSTALL_HINT = "pip install 'mappa[report]'"
+INSTALL_HINT = "pip install 'mappa-rl[report]'"
 
 PALETTE = (
     "#1f77b4",

@@ -1,7 +1,7 @@
 """Tasks from a local Hugging Face dataset directory (the output of ``save_to_disk``).
 
 The ``datasets`` package reads it (Arrow shards, index mappings, features), so we do not
-re-implement its format. It is an optional dependency (``pip install 'mappa[hf]'``): it
+re-implement its format. It is an optional dependency (``pip install 'mappa-rl[hf]'``): it
 pulls pyarrow and pandas but no torch, and nothing else in mappa needs it. Nothing is
 fetched from a hub: only directories already on disk are read.
 """
@@ -23,7 +23,8 @@ def load_dataset_dir(path: Path) -> list[Task]:
         from datasets import Dataset, load_from_disk
     except ImportError as err:
         raise ImportError(
-            f"{path} is a directory: reading Hugging Face datasets needs `pip install 'mappa[hf]'`"
+            f"{path} is a directory: reading Hugging Face datasets needs "
+            "`pip install 'mappa-rl[hf]'`"
         ) from err
     data = load_from_disk(str(path))
     if not isinstance(data, Dataset):
