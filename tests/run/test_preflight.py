@@ -311,7 +311,7 @@ def test_task_files_name_file_and_line_and_every_problem_is_listed(tmp_path: Pat
         "double quotes, column 17); a task file is a JSON list or one object per line"
     )
     dup = tmp_path / "eval.json"
-    dup.write_text(json.dumps([{"prompt": "a", "id": 7}, {"prompt": "b", "id": 7}]))
+    dup.write_text(json.dumps([{"prompt": p, "id": 7, "answer": 1} for p in "ab"]))
     message = _problem(f"tasks.source={bad}", f"eval.source={dup}", "model.path=/nowhere")
     assert message.startswith("3 problems:\n  model.path: ")
     assert f"eval.source: {dup}: duplicate task ids '7'" in message
@@ -320,7 +320,7 @@ def test_task_files_name_file_and_line_and_every_problem_is_listed(tmp_path: Pat
 
 def test_the_cli_reports_check_problems_with_exit_2_before_any_run_dir(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text('{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 1}\n')
+    tasks.write_text("".join(f'{{"prompt": "{p}", "id": 1, "answer": 1}}\n' for p in "ab"))
     run_dir = tmp_path / "run"
     code = (
         "import sys\nfrom mappa.cli import main\n"

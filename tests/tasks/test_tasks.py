@@ -94,9 +94,20 @@ def test_task_files(tmp_path: Path) -> None:
             '[\n  {"prompt": "a", "answer": 1},\n  {"prompt": "b" "answer": 2}\n]',
             r"t\.json: line 3, column 18: not valid JSON: Expecting ','",
         ),
-        ("t.jsonl", '{"prompt": "a"}\n{"question_": "b"}\n', r"t\.jsonl: line 2 has no 'prompt'"),
-        ("t.jsonl", '{"prompt": "a"}\n[1, 2]\n', r"t\.jsonl: line 2 is not an object"),
-        ("t.json", '{"tasks": []}\n{"x": 1}', r"t\.json: line 1 has no 'prompt' field"),
+        (
+            "t.jsonl",
+            '{"prompt": "a", "answer": 1}\n{"question_": "b"}\n',
+            r"t\.jsonl: line 2 has no 'prompt' or 'problem' or 'question' prompt; its columns: "
+            r"question_\. Name the prompt's column with tasks\.prompt_field",
+        ),
+        ("t.jsonl", '{"prompt": "a", "answer": 1}\n[1, 2]\n', r"t\.jsonl: line 2 is not an object"),
+        ("t.json", '{"tasks": []}\n{"x": 1}', r"t\.json: line 1 has no 'prompt' or"),
+        (  # answers in a column of another name: refused, not graded against nothing
+            "t.jsonl",
+            '{"question": "a", "solution": "4"}\n',
+            r"t\.jsonl: line 1 has no 'answer' or 'final_answer' answer; its columns: question, "
+            r"solution\. Name the answer's column with tasks\.answer_field",
+        ),
         ("t.json", '{\n "tasks": []\n}', r"t\.json: expected a list of tasks .*got one dict"),
         ("t.json", "[]", r"t\.json: no tasks"),
         ("t.json", "\ufeff[1", r"t\.json: line 1, column 3: not valid JSON"),
@@ -120,7 +131,7 @@ def test_duplicate_task_ids_are_refused_naming_them(tmp_path: Path) -> None:
     ):
         load_tasks(str(p), 0, 1, 0)
     (tmp_path / "dup.json").write_text(
-        json.dumps([{"prompt": "a", "id": "x"}, {"prompt": "b", "id": "x"}])
+        json.dumps([{"prompt": p, "id": "x", "answer": 1} for p in "ab"])
     )
     with pytest.raises(TaskSourceError, match=r"duplicate task ids 'x'"):
         load_tasks(str(tmp_path / "dup.json"), 0, 1, 0)
@@ -165,3 +176,17 @@ def test_overlap_is_found_by_normalized_text() -> None:
     with pytest.raises(SplitOverlapError, match=r"e1 \(= train t1\)"):
         check_disjoint(held, train, allow_overlap=False)
     assert check_disjoint(held, train, allow_overlap=True) == [("e1", "t1")]
+
+
+def test_columns_name_the_prompt_and_answer_and_answers_may_be_optional(tmp_path: Path) -> None:
+    """GSM8K-style rows (``question``/``solution``) load once their columns are named; rows
+    without an answer load only where the config says they may (graded wrong)."""
+    from mappa.tasks import Columns
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"q": "2 + 2?", "solution": "4"}\n{"q": "3 + 3?"}\n')
+    named = Columns(prompt="q", answer="solution", require_answer=False)
+    tasks = load_tasks(str(path), 0, 1, 0, columns=named)
+    assert [(t.prompt, t.answer) for t in tasks] == [("2 + 2?", "4"), ("3 + 3?", None)]
+    with pytest.raises(TaskSourceError, match=r"line 2 has no 'solution' answer; its columns: q\."):
+        load_tasks(str(path), 0, 1, 0, columns=Columns(prompt="q", answer="solution"))

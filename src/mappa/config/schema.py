@@ -288,6 +288,23 @@ class TaskConfig(Strict):
         "written by `save_to_disk` (needs `mappa-rl[hf]`).",
     )
     num_tasks: int = Field(256, ge=1, description="How many arithmetic tasks to generate.")
+    prompt_field: str | None = Field(
+        None,
+        description="The column of a task file's or dataset's rows that holds the prompt "
+        "(null: the first of `prompt`, `problem`, `question` a row has); `eval.source` is "
+        "read with the same columns.",
+    )
+    answer_field: str | None = Field(
+        None,
+        description="The column that holds the reference answer (null: `answer`, else "
+        "`final_answer`).",
+    )
+    require_answers: bool = Field(
+        True,
+        description="Refuse a task file or dataset with a row without an answer, naming the "
+        "row and its columns. False: such tasks are kept and graded wrong (a label-free "
+        "coach can still score their actions).",
+    )
     difficulty: int = Field(
         1,
         ge=1,

@@ -23,7 +23,7 @@ from typing import Any
 from mappa.config import RunConfig
 from mappa.records import Episode, append_episodes
 from mappa.run.metrics import accuracy, agent_metrics
-from mappa.tasks import Task, load_tasks
+from mappa.tasks import Columns, Task, load_tasks
 from mappa.tasks.arithmetic import generate
 from mappa.tasks.splits import check_disjoint
 from mappa.workflow.interface import Rollout, RolloutInput
@@ -34,7 +34,13 @@ log = logging.getLogger(__name__)
 def training_tasks(cfg: RunConfig) -> list[Task]:
     """The training set named by ``tasks``, drawn with ``tasks.seed`` (else the run's)."""
     t = cfg.tasks
-    return load_tasks(t.source, t.num_tasks, t.difficulty, cfg.task_seed)
+    return load_tasks(t.source, t.num_tasks, t.difficulty, cfg.task_seed, columns=columns(cfg))
+
+
+def columns(cfg: RunConfig) -> Columns:
+    """The columns ``tasks`` names for the prompt and the answer of a file's rows."""
+    t = cfg.tasks
+    return Columns(t.prompt_field, t.answer_field, t.require_answers)
 
 
 def heldout_tasks(cfg: RunConfig, source: str | None = None) -> list[Task]:
@@ -44,7 +50,7 @@ def heldout_tasks(cfg: RunConfig, source: str | None = None) -> list[Task]:
     source = source or e.source or "arithmetic"
     if source == "arithmetic":
         return generate(t.num_tasks + e.num_tasks, cfg.task_seed, t.difficulty)[t.num_tasks :]
-    return load_tasks(source, e.num_tasks, t.difficulty, cfg.task_seed)
+    return load_tasks(source, e.num_tasks, t.difficulty, cfg.task_seed, columns=columns(cfg))
 
 
 def checked_heldout(

@@ -134,14 +134,16 @@ def _writable_problem(key: str, target: Path, *, is_file: bool) -> str | None:
 def _task_problems(cfg: RunConfig) -> list[str]:
     """Task files and DSBench lists parse (errors name the file and line); generated sources
     (arithmetic, dsbench-synthetic/-sklearn) need no check."""
-    from mappa.tasks import load_tasks
+    from mappa.tasks import Columns, load_tasks
 
+    t = cfg.tasks
+    columns = Columns(t.prompt_field, t.answer_field, t.require_answers)
     out = []
     for key, source in (("tasks.source", cfg.tasks.source), ("eval.source", cfg.eval.source)):
         if source is None or source == "arithmetic" or source.startswith("dsbench-"):
             continue
         try:
-            load_tasks(source, cfg.tasks.num_tasks, cfg.tasks.difficulty, cfg.task_seed)
+            load_tasks(source, t.num_tasks, t.difficulty, cfg.task_seed, columns=columns)
         except (ValueError, OSError, ImportError) as err:
             out.append(f"{key}: {err}")
     return out

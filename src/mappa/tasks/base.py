@@ -62,23 +62,58 @@ def refuse_duplicate_ids(tasks: Sequence[Task], origin: str, where: Sequence[str
     )
 
 
-def tasks_from_rows(rows: Iterable[Any], origin: str, where: Sequence[str] = ()) -> list[Task]:
-    """Tasks from ``{prompt, answer[, id, type]}`` mappings; a row's index is its default id.
+@dataclass(frozen=True)
+class Columns:
+    """Which column of a task row is the prompt and which the answer (``tasks.prompt_field``,
+    ``tasks.answer_field``; None: the first of ``PROMPT_FIELDS`` / ``ANSWER_FIELDS`` a row
+    has), and whether every row must have an answer (``tasks.require_answers``)."""
+
+    prompt: str | None = None
+    answer: str | None = None
+    require_answer: bool = True
+
+
+DEFAULT_COLUMNS = Columns()
+"""The usual column names, every row with an answer."""
+
+
+def _missing(origin: str, at: str, row: Mapping[str, Any], what: str, fix: str) -> str:
+    found = ", ".join(map(str, row)) or "none"
+    return f"{origin}: {at} has no {what}; its columns: {found}. {fix}"
+
+
+def tasks_from_rows(
+    rows: Iterable[Any], origin: str, where: Sequence[str] = (), columns: Columns = DEFAULT_COLUMNS
+) -> list[Task]:
+    """Tasks from ``{prompt, answer[, id, type]}`` mappings (other column names by
+    ``columns``); a row's index is its default id.
 
     ``where[i]`` names row ``i`` in messages (``line 7`` of a JSONL file; default ``task i``).
-    A row without a prompt and an id used twice are ``TaskSourceError``s.
+    A row without a prompt, a row without an answer (unless ``columns.require_answer`` is
+    off) and an id used twice are ``TaskSourceError``s naming the row and the columns it has:
+    a file whose answers sit in a ``solution`` column never starts a run graded against
+    nothing.
     """
+    prompts = (columns.prompt,) if columns.prompt else PROMPT_FIELDS
+    answers = (columns.answer,) if columns.answer else ANSWER_FIELDS
     tasks = []
     for i, row in enumerate(rows):
         at = where[i] if i < len(where) else f"task {i}"
         if not isinstance(row, Mapping):
             raise TaskSourceError(f"{origin}: {at} is not an object ({type(row).__name__})")
-        prompt = _first(row, PROMPT_FIELDS)
+        prompt = _first(row, prompts)
         if prompt is None:
-            raise TaskSourceError(
-                f"{origin}: {at} has no 'prompt' field (or {', '.join(PROMPT_FIELDS[1:])})"
+            what = " or ".join(repr(p) for p in prompts) + " prompt"
+            fix = "Name the prompt's column with tasks.prompt_field."
+            raise TaskSourceError(_missing(origin, at, row, what, fix))
+        answer, task_id = _first(row, answers), _first(row, ID_FIELDS)
+        if answer is None and columns.require_answer:
+            what = " or ".join(repr(a) for a in answers) + " answer"
+            fix = (
+                "Name the answer's column with tasks.answer_field, or set "
+                "tasks.require_answers: false for tasks without one (graded wrong)."
             )
-        answer, task_id = _first(row, ANSWER_FIELDS), _first(row, ID_FIELDS)
+            raise TaskSourceError(_missing(origin, at, row, what, fix))
         tasks.append(
             Task(
                 task_id=str(i if task_id is None else task_id),

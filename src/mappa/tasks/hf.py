@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mappa.tasks.base import Task, tasks_from_rows
+from mappa.tasks.base import DEFAULT_COLUMNS, Columns, Task, tasks_from_rows
 
 
-def load_dataset_dir(path: Path) -> list[Task]:
+def load_dataset_dir(path: Path, columns: Columns = DEFAULT_COLUMNS) -> list[Task]:
     """Every row of the dataset saved at ``path`` as a Task (columns as in ``tasks_from_rows``).
 
     A ``DatasetDict`` holds one folder per split; point at the split's folder
@@ -30,4 +30,4 @@ def load_dataset_dir(path: Path) -> list[Task]:
     if not isinstance(data, Dataset):
         splits = ", ".join(str(path / name) for name in data)
         raise ValueError(f"{path} holds several splits; use one of: {splits}")
-    return tasks_from_rows(data, str(path))
+    return tasks_from_rows(data, str(path), columns=columns)

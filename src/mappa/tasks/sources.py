@@ -6,10 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mappa.tasks.base import Task, TaskSourceError, refuse_duplicate_ids, tasks_from_rows
+from mappa.tasks.base import (
+    DEFAULT_COLUMNS,
+    Columns,
+    Task,
+    TaskSourceError,
+    refuse_duplicate_ids,
+    tasks_from_rows,
+)
 
 
-def load_task_file(path: Path) -> list[Task]:
+def load_task_file(path: Path, columns: Columns = DEFAULT_COLUMNS) -> list[Task]:
     """Read a JSON list or JSONL file of ``{prompt, answer[, id]}`` objects.
 
     A file that starts with ``[`` is one JSON document; anything else is read as JSONL.
@@ -39,14 +46,14 @@ def load_task_file(path: Path) -> list[Task]:
                     f"{line_err.colno}); a task file is a JSON list or one object per line"
                 ) from None
             where.append(f"line {number}")
-        return tasks_from_rows(rows, str(path), where)
+        return tasks_from_rows(rows, str(path), where, columns)
     lines = [n for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if isinstance(rows, dict) and len(lines) == 1:  # JSONL of one task
-        return tasks_from_rows([rows], str(path), [f"line {lines[0]}"])
+        return tasks_from_rows([rows], str(path), [f"line {lines[0]}"], columns)
     if not isinstance(rows, list):
         kind = type(rows).__name__
         raise TaskSourceError(f"{path}: expected a list of tasks (or JSONL), got one {kind}")
-    return tasks_from_rows(rows, str(path))
+    return tasks_from_rows(rows, str(path), columns=columns)
 
 
 DSBENCH_PREFIX = "dsbench:"
@@ -81,11 +88,17 @@ def load_dsbench(source: str, num_tasks: int, seed: int, root: str | None = None
 
 
 def load_tasks(
-    source: str, num_tasks: int, difficulty: int, seed: int, dsbench_root: str | None = None
+    source: str,
+    num_tasks: int,
+    difficulty: int,
+    seed: int,
+    dsbench_root: str | None = None,
+    columns: Columns = DEFAULT_COLUMNS,
 ) -> list[Task]:
     """``arithmetic`` generates tasks; ``dsbench-*`` and ``dsbench:<list>`` are modeling
     tasks; a directory is a Hugging Face dataset saved to disk; anything else is a
-    JSON/JSONL task file."""
+    JSON/JSONL task file. ``columns``: which columns of a file's or dataset's rows are the
+    prompt and the answer."""
     if source.startswith(("dsbench-", DSBENCH_PREFIX)):
         return load_dsbench(source, num_tasks, seed, dsbench_root)
     if source == "arithmetic":
@@ -96,7 +109,7 @@ def load_tasks(
     if path.is_dir():
         from mappa.tasks.hf import load_dataset_dir
 
-        return load_dataset_dir(path)
+        return load_dataset_dir(path, columns)
     if not path.is_file():
         raise FileNotFoundError(f"task file {path} not found")
-    return load_task_file(path)
+    return load_task_file(path, columns)
