@@ -1,4 +1,5 @@
-"""``mappa.train``: the Python API runs what ``mappa train --config`` runs."""
+"""The Python API (``mappa.train``, ``mappa.evaluate``, ``mappa.load_config``) runs what
+the command line runs."""
 
 from __future__ import annotations
 
@@ -28,3 +29,25 @@ def test_train_reads_a_config_file_with_overrides_and_runs_the_loop(
     assert mappa.train(cfg) == tmp_path and seen[-1] == (cfg, None)
     with pytest.raises(ValueError, match="overrides apply to a config file"):
         mappa.train(cfg, ["seed=8"])
+
+
+def test_load_config_checks_as_the_command_line_does() -> None:
+    from mappa.config import ConfigError
+
+    assert mappa.load_config(default_config(), ["seed=7"]).seed == 7
+    with pytest.raises(ConfigError, match="did you mean rl.lr"):
+        mappa.load_config(default_config(), ["rl.lrr=0.1"])
+
+
+@pytest.mark.integration
+def test_evaluate_runs_what_mappa_eval_runs(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The team on the config's held-out set: eval.json written, its metrics returned."""
+    import json
+
+    from conftest import tiny_run_config
+
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", "eval.num_tasks=2")
+    result = mappa.evaluate(cfg, out=tmp_path / "eval")
+    written = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert result["tasks"] == written["tasks"] == 2
+    assert result["accuracy"] == written["accuracy"] and len(result["per_task"]) == 2

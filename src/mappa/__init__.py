@@ -11,12 +11,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mappa.config import RunConfig
 
 __version__ = "0.1.0"
+
+
+def load_config(config: str | PathLike[str], overrides: Sequence[str] = ()) -> RunConfig:
+    """A run config read from its file with ``key.path=value`` ``overrides``, checked as the
+    command line checks it (``mappa.config.ConfigError`` names the key and the file)."""
+    from mappa.config import load_config as load
+
+    return load(Path(config), list(overrides))
+
+
+def _config(config: RunConfig | str | PathLike[str], overrides: Sequence[str]) -> RunConfig:
+    from mappa.config import RunConfig
+
+    if isinstance(config, RunConfig):
+        if overrides:
+            raise ValueError("overrides apply to a config file; a RunConfig is already built")
+        return config
+    return load_config(config, overrides)
 
 
 def train(
@@ -28,13 +46,27 @@ def train(
     (read with ``overrides``, as on the command line) or a ``RunConfig``; ``resume`` a run
     directory to continue. Returns the run directory.
     """
-    from mappa.config import RunConfig, load_config
     from mappa.run.loop import train as run_loop
 
-    if isinstance(config, RunConfig):
-        if overrides:
-            raise ValueError("overrides apply to a config file; a RunConfig is already built")
-        cfg = config
-    else:
-        cfg = load_config(Path(config), list(overrides))
+    cfg = _config(config, overrides)
     return run_loop(cfg, resume=None if resume is None else Path(resume))
+
+
+def evaluate(
+    config: RunConfig | str | PathLike[str],
+    overrides: Sequence[str] = (),
+    adapters: str | PathLike[str] | None = None,
+    out: str | PathLike[str] = "runs/eval-base",
+) -> dict[str, Any]:
+    """What ``mappa eval`` runs, from Python: the team of ``config`` (with the adapters a
+    run saved in ``adapters``, e.g. ``RUN_DIR/adapters``) on the config's held-out set,
+    refused if it overlaps the training problems. Writes ``eval.json`` and
+    ``eval_episodes.jsonl`` into ``out``; returns the metrics (accuracy, avg@k, pass@k,
+    per-agent behaviour, ``per_task``)."""
+    from mappa.run.evaluation import checked_heldout, evaluate_model
+
+    cfg = _config(config, overrides)
+    tasks = checked_heldout(cfg)
+    source = cfg.eval.source or "arithmetic (held out)"
+    found = None if adapters is None else Path(adapters)
+    return evaluate_model(cfg, tasks, Path(out), source, found)

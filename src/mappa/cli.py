@@ -313,32 +313,16 @@ def _checked_adapters(adapters: Path | None, agents: list[str]) -> Path | None:
 
 
 def _eval(cfg: RunConfig, args: argparse.Namespace, adapters: Path | None) -> int:
-    from mappa.run.evaluation import checked_heldout, evaluate
+    from mappa.run.evaluation import checked_heldout, evaluate_model
 
     try:
         tasks = checked_heldout(cfg, args.tasks, args.limit)
     except (ValueError, OSError) as err:  # missing files, SplitOverlapError
         print(f"mappa: {err}", file=sys.stderr)
         return 2
-    import torch
-
-    from mappa.run import build
-
-    base = None if adapters is None else _adapter_base(adapters, cfg.agents[0].name)
-    if base is not None and base != cfg.model.path:  # the adapters know their base
-        logging.getLogger("mappa").info("adapters name their base %s; loading it", base)
-        cfg.model.path = base
     out = args.out or (adapters.parent if adapters is not None else Path("runs/eval-base"))
     source = args.tasks or cfg.eval.source or "arithmetic (held out)"
-    torch.manual_seed(cfg.seed)  # sampled evaluations (eval.temperature > 0) are repeatable
-    policies = build.load_policies(cfg, adapters)
-    engine = build.make_engine(cfg, policies)
-    runner = build.make_runner(cfg, engine, policies.tokenizer, out / "eval_workspaces")
-    try:
-        result = evaluate(cfg, runner, tasks, out, source, adapters)
-    finally:
-        runner.close()
-        engine.close()
+    result = evaluate_model(cfg, tasks, out, source, adapters)
     shown = {k: v for k, v in result.items() if k != "per_task"}
     width = max(len(k) for k in shown)
     for key, value in shown.items():
@@ -598,15 +582,6 @@ def _run_config(adapters: Path | None) -> Path | None:
         if (run_dir / "config.yaml").is_file() and (run_dir / "adapters").is_dir():
             return run_dir / "config.yaml"
     return None
-
-
-def _adapter_base(adapters: Path, agent: str) -> str | None:
-    """The base model a saved adapter names (``base_model_name_or_path``)."""
-    config = adapters / agent / "adapter_config.json"
-    if not config.is_file():
-        return None
-    name = json.loads(config.read_text()).get("base_model_name_or_path")
-    return str(name) if name else None
 
 
 def _coach_serve(args: argparse.Namespace) -> int:

@@ -185,3 +185,41 @@ class TrainingEvaluator:
             len(self.tasks),
         )
         return out
+
+
+def adapter_base(adapters: Path, agent: str) -> str | None:
+    """The base model a saved adapter names (``base_model_name_or_path``)."""
+    config = adapters / agent / "adapter_config.json"
+    if not config.is_file():
+        return None
+    name = json.loads(config.read_text()).get("base_model_name_or_path")
+    return str(name) if name else None
+
+
+def evaluate_model(
+    cfg: RunConfig,
+    tasks: Sequence[Task],
+    out_dir: Path,
+    source: str,
+    adapters_dir: Path | None = None,
+) -> dict[str, Any]:
+    """``mappa eval`` after its checks: load the team (the base, or with the adapters saved
+    in ``adapters_dir``, on the base they name), roll out ``tasks`` and write ``eval.json``
+    (``evaluate``); returns its metrics."""
+    import torch
+
+    from mappa.run import build
+
+    base = None if adapters_dir is None else adapter_base(adapters_dir, cfg.agents[0].name)
+    if base is not None and base != cfg.model.path:  # the adapters know their base
+        log.info("adapters name their base %s; loading it", base)
+        cfg.model.path = base
+    torch.manual_seed(cfg.seed)  # sampled evaluations (eval.temperature > 0) are repeatable
+    policies = build.load_policies(cfg, adapters_dir)
+    engine = build.make_engine(cfg, policies)
+    runner = build.make_runner(cfg, engine, policies.tokenizer, out_dir / "eval_workspaces")
+    try:
+        return evaluate(cfg, runner, tasks, out_dir, source, adapters_dir)
+    finally:
+        runner.close()
+        engine.close()
