@@ -190,3 +190,27 @@ def test_columns_name_the_prompt_and_answer_and_answers_may_be_optional(tmp_path
     assert [(t.prompt, t.answer) for t in tasks] == [("2 + 2?", "4"), ("3 + 3?", None)]
     with pytest.raises(TaskSourceError, match=r"line 2 has no 'solution' answer; its columns: q\."):
         load_tasks(str(path), 0, 1, 0, columns=Columns(prompt="q", answer="solution"))
+
+
+def test_hugging_face_dataset_by_name_with_columns(tmp_path: Path) -> None:
+    """``hf:<repo>[:<config>]:<split>[@<revision>]`` through ``datasets.load_dataset``:
+    tested on a local dataset folder (the Hub is out of reach here), GSM8K-like columns
+    named by ``Columns``; what cannot load is one line naming the source."""
+    pytest.importorskip("datasets")
+    from mappa.tasks import Columns
+
+    folder = tmp_path / "arith"
+    folder.mkdir()
+    rows = [{"question": "What is 2+3?", "final": "5"}, {"question": "What is 3*3?", "final": "9"}]
+    (folder / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = load_tasks(f"hf:{folder}:test", 0, 1, 0, columns=Columns(answer="final"))
+    assert [(t.task_id, t.prompt, t.answer) for t in tasks] == [
+        ("0", "What is 2+3?", "5"),
+        ("1", "What is 3*3?", "9"),
+    ]
+    with pytest.raises(TaskSourceError, match=r"task 0 has no 'answer' or 'final_answer' answer"):
+        load_tasks(f"hf:{folder}:test", 0, 1, 0)
+    with pytest.raises(ValueError, match=rf"hf:{folder}:nosplit: cannot load it \("):
+        load_tasks(f"hf:{folder}:nosplit", 0, 1, 0)
+    with pytest.raises(ValueError, match=r"a Hub dataset is hf:<repo>\[:<config>\]:<split>"):
+        load_tasks("hf:only-a-repo", 0, 1, 0)

@@ -284,8 +284,10 @@ class TaskConfig(Strict):
     source: str = Field(
         "arithmetic",
         description="`arithmetic` (built-in seeded problems), a JSON/JSONL file with "
-        "`prompt` and `answer` fields (optional `id`), or a Hugging Face dataset directory "
-        "written by `save_to_disk` (needs `mappa-rl[hf]`).",
+        "`prompt` and `answer` fields (optional `id`; other names: `prompt_field`, "
+        "`answer_field`), a Hugging Face dataset `hf:<repo>[:<config>]:<split>[@<revision>]` "
+        "(read through the datasets cache; pin the revision to make a run repeatable), or a "
+        "dataset directory written by `save_to_disk` (both need `mappa-rl[hf]`).",
     )
     num_tasks: int = Field(256, ge=1, description="How many arithmetic tasks to generate.")
     prompt_field: str | None = Field(

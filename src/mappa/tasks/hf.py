@@ -1,16 +1,85 @@
-"""Tasks from a local Hugging Face dataset directory (the output of ``save_to_disk``).
+"""Tasks from Hugging Face datasets: a directory written by ``save_to_disk``, or a dataset
+named ``hf:<repo>[:<config>]:<split>[@<revision>]`` (``tasks.source``).
 
-The ``datasets`` package reads it (Arrow shards, index mappings, features), so we do not
-re-implement its format. It is an optional dependency (``pip install 'mappa-rl[hf]'``): it
-pulls pyarrow and pandas but no torch, and nothing else in mappa needs it. Nothing is
-fetched from a hub: only directories already on disk are read.
+The ``datasets`` package reads both (Arrow shards, the Hub, its cache, offline mode with
+``HF_DATASETS_OFFLINE=1``), so we do not re-implement any of it. It is an optional
+dependency (``pip install 'mappa-rl[hf]'``): it pulls pyarrow and pandas but no torch, and
+nothing else in mappa needs it.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mappa.tasks.base import DEFAULT_COLUMNS, Columns, Task, tasks_from_rows
+
+log = logging.getLogger(__name__)
+
+
+HF_PREFIX = "hf:"
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """A dataset on the Hub (or a local dataset folder ``datasets`` can read), one split."""
+
+    repo: str
+    config: str | None
+    split: str
+    revision: str | None
+
+    @classmethod
+    def parse(cls, source: str) -> HubSource:
+        """``hf:<repo>[:<config>]:<split>[@<revision>]``; ``ValueError`` saying the form.
+
+        >>> HubSource.parse("hf:HuggingFaceH4/MATH-500:test@ff5b2")
+        HubSource(repo='HuggingFaceH4/MATH-500', config=None, split='test', revision='ff5b2')
+        >>> HubSource.parse("hf:openai/gsm8k:main:test").config
+        'main'
+        """
+        body, _, revision = source.removeprefix(HF_PREFIX).partition("@")
+        parts = body.split(":")
+        if len(parts) not in (2, 3) or not all(parts) or (revision == "" and "@" in source):
+            raise ValueError(
+                f"{source!r}: a Hub dataset is hf:<repo>[:<config>]:<split>[@<revision>], "
+                "e.g. hf:HuggingFaceH4/MATH-500:test"
+            )
+        config = parts[1] if len(parts) == 3 else None
+        return cls(parts[0], config, parts[-1], revision or None)
+
+
+def load_hub_dataset(source: str, columns: Columns = DEFAULT_COLUMNS) -> list[Task]:
+    """Every row of one split of a Hub dataset as a Task (``HubSource``). Read through the
+    ``datasets`` cache: offline (``HF_DATASETS_OFFLINE=1``) only what it holds. Without a
+    ``@revision`` the newest is read, and a warning says the run cannot be reproduced
+    exactly; the revision and the data's fingerprint are logged."""
+    hub = HubSource.parse(source)
+    load_dataset = _datasets(source).load_dataset
+    try:
+        data = load_dataset(hub.repo, hub.config, split=hub.split, revision=hub.revision)
+    except Exception as err:  # datasets raises many kinds: not found, offline, bad split
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"{source}: cannot load it ({first}); offline, it must be in the datasets cache "
+            "(HF_DATASETS_OFFLINE=1 reads it from there)"
+        ) from None
+    if hub.revision is None:
+        log.warning("%s: no @revision pinned: a later run may read other rows", source)
+    log.info("%s: %d rows, fingerprint %s", source, len(data), data._fingerprint)
+    return tasks_from_rows(data, source, columns=columns)
+
+
+def _datasets(what: str) -> Any:
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError(
+            f"{what}: reading Hugging Face datasets needs `pip install 'mappa-rl[hf]'`"
+        ) from err
+    return datasets
 
 
 def load_dataset_dir(path: Path, columns: Columns = DEFAULT_COLUMNS) -> list[Task]:
@@ -19,15 +88,9 @@ def load_dataset_dir(path: Path, columns: Columns = DEFAULT_COLUMNS) -> list[Tas
     A ``DatasetDict`` holds one folder per split; point at the split's folder
     (``data/math/test``) so that train and eval splits are never mixed by accident.
     """
-    try:
-        from datasets import Dataset, load_from_disk
-    except ImportError as err:
-        raise ImportError(
-            f"{path} is a directory: reading Hugging Face datasets needs "
-            "`pip install 'mappa-rl[hf]'`"
-        ) from err
-    data = load_from_disk(str(path))
-    if not isinstance(data, Dataset):
+    datasets = _datasets(f"{path} is a directory")
+    data = datasets.load_from_disk(str(path))
+    if not isinstance(data, datasets.Dataset):
         splits = ", ".join(str(path / name) for name in data)
         raise ValueError(f"{path} holds several splits; use one of: {splits}")
     return tasks_from_rows(data, str(path), columns=columns)

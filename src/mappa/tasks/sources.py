@@ -14,6 +14,7 @@ from mappa.tasks.base import (
     refuse_duplicate_ids,
     tasks_from_rows,
 )
+from mappa.tasks.hf import HF_PREFIX, load_dataset_dir, load_hub_dataset
 
 
 def load_task_file(path: Path, columns: Columns = DEFAULT_COLUMNS) -> list[Task]:
@@ -96,19 +97,19 @@ def load_tasks(
     columns: Columns = DEFAULT_COLUMNS,
 ) -> list[Task]:
     """``arithmetic`` generates tasks; ``dsbench-*`` and ``dsbench:<list>`` are modeling
-    tasks; a directory is a Hugging Face dataset saved to disk; anything else is a
-    JSON/JSONL task file. ``columns``: which columns of a file's or dataset's rows are the
-    prompt and the answer."""
+    tasks; ``hf:<repo>[:<config>]:<split>[@<revision>]`` a Hugging Face dataset; a
+    directory is one saved to disk; anything else is a JSON/JSONL task file. ``columns``:
+    which columns of a file's or dataset's rows are the prompt and the answer."""
     if source.startswith(("dsbench-", DSBENCH_PREFIX)):
         return load_dsbench(source, num_tasks, seed, dsbench_root)
     if source == "arithmetic":
         from mappa.tasks.arithmetic import generate
 
         return generate(num_tasks, seed=seed, difficulty=difficulty)
+    if source.startswith(HF_PREFIX):
+        return load_hub_dataset(source, columns)
     path = Path(source)
     if path.is_dir():
-        from mappa.tasks.hf import load_dataset_dir
-
         return load_dataset_dir(path, columns)
     if not path.is_file():
         raise FileNotFoundError(f"task file {path} not found")
