@@ -55,7 +55,7 @@ def load_hub_dataset(source: str, columns: Columns = DEFAULT_COLUMNS) -> list[Ta
     """Every row of one split of a Hub dataset as a Task (``HubSource``). Read through the
     ``datasets`` cache: offline (``HF_DATASETS_OFFLINE=1``) only what it holds. Without a
     ``@revision`` the newest is read, and a warning says the run cannot be reproduced
-    exactly; the revision and the data's fingerprint are logged."""
+    exactly; the data's fingerprint is logged."""
     hub = HubSource.parse(source)
     load_dataset = _datasets(source).load_dataset
     try:
