@@ -34,13 +34,7 @@ log = logging.getLogger(__name__)
 def training_tasks(cfg: RunConfig) -> list[Task]:
     """The training set named by ``tasks``, drawn with ``tasks.seed`` (else the run's)."""
     t = cfg.tasks
-    return load_tasks(t.source, t.num_tasks, t.difficulty, cfg.task_seed, columns=columns(cfg))
-
-
-def columns(cfg: RunConfig) -> Columns:
-    """The columns ``tasks`` names for the prompt and the answer of a file's rows."""
-    t = cfg.tasks
-    return Columns(t.prompt_field, t.answer_field, t.require_answers)
+    return load_tasks(t.source, t.num_tasks, t.difficulty, cfg.task_seed, columns=Columns.of(t))
 
 
 def heldout_tasks(cfg: RunConfig, source: str | None = None) -> list[Task]:
@@ -50,7 +44,7 @@ def heldout_tasks(cfg: RunConfig, source: str | None = None) -> list[Task]:
     source = source or e.source or "arithmetic"
     if source == "arithmetic":
         return generate(t.num_tasks + e.num_tasks, cfg.task_seed, t.difficulty)[t.num_tasks :]
-    return load_tasks(source, e.num_tasks, t.difficulty, cfg.task_seed, columns=columns(cfg))
+    return load_tasks(source, e.num_tasks, t.difficulty, cfg.task_seed, columns=Columns.of(t))
 
 
 def checked_heldout(

@@ -137,7 +137,7 @@ def _task_problems(cfg: RunConfig) -> list[str]:
     from mappa.tasks import Columns, load_tasks
 
     t = cfg.tasks
-    columns = Columns(t.prompt_field, t.answer_field, t.require_answers)
+    columns = Columns.of(t)
     out = []
     for key, source in (("tasks.source", cfg.tasks.source), ("eval.source", cfg.eval.source)):
         if source is None or source == "arithmetic" or source.startswith("dsbench-"):

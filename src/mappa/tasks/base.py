@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mappa.tasks.dsbench.spec import DSBenchTask
 from mappa.tasks.math import reference_text
+
+if TYPE_CHECKING:
+    from mappa.config.schema import TaskConfig
 
 PROMPT_FIELDS = ("prompt", "problem", "question")
 ANSWER_FIELDS = ("answer", "final_answer")
@@ -71,6 +74,11 @@ class Columns:
     prompt: str | None = None
     answer: str | None = None
     require_answer: bool = True
+
+    @classmethod
+    def of(cls, tasks: TaskConfig) -> Columns:
+        """The columns a run config's ``tasks`` section names."""
+        return cls(tasks.prompt_field, tasks.answer_field, tasks.require_answers)
 
 
 DEFAULT_COLUMNS = Columns()
