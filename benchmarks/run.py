@@ -493,6 +493,18 @@ def measure_step(rev: str | None, steps: int, config: str, overrides: list[str])
 
 
 # --------------------------------------------------------------------------- driver
+def _alternate(
+    baseline: str, steps: str, rounds: int, config: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``rounds`` step measurements of ``config`` (a config path and its overrides) at
+    ``baseline`` and in this tree, alternating, so that a drift of the machine moves both."""
+    base, tree = [], []
+    for _ in range(rounds):
+        base.append(_child(["step", baseline, steps, *config]))
+        tree.append(_child(["step", "-", steps, *config]))
+    return base, tree
+
+
 def _child(args: list[str], python: str = sys.executable, timeout: float = 3600) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter; its last stdout line is its JSON. The
     interpreter imports mappa from this tree, whatever its environment has installed."""
@@ -547,7 +559,7 @@ def _skipped(name: str, why: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--only", default="P1,P2,P3,P4,P5,demo,W1,dtype", help="comma-separated figures"
+        "--only", default="P1,P2,P3,P4,P5,demo,W1,R1,dtype", help="comma-separated figures"
     )
     ap.add_argument("--baseline", default="b30a0bf", help="commit the demo step is compared to")
     ap.add_argument(
@@ -557,6 +569,10 @@ def main() -> None:
         "--runner-baseline", default="a082b45", help="W1: the last commit with the pipeline runner"
     )
     ap.add_argument("--runner-rounds", type=int, default=3, help="W1: alternating rounds")
+    ap.add_argument(
+        "--rollout-baseline", default="d5e2b41", help="R1: the commit the rollout is compared to"
+    )
+    ap.add_argument("--rollout-rounds", type=int, default=2, help="R1: alternating rounds")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the harness only")
     ap.add_argument(
         "--vllm-python",
@@ -707,10 +723,7 @@ def main() -> None:
         rows.append(_skipped("W1", "the demo's model: needs make install"))
     elif "W1" in only:
         steps, rounds = ("1", 1) if args.quick else (str(args.demo_steps), args.runner_rounds)
-        base, tree = [], []
-        for _ in range(rounds):  # alternating, so a drift of the machine moves both
-            base.append(_child(["step", args.runner_baseline, steps, DEMO_CONFIG, *NO_EVAL]))
-            tree.append(_child(["step", "-", steps, DEMO_CONFIG, *NO_EVAL]))
+        base, tree = _alternate(args.runner_baseline, steps, rounds, [DEMO_CONFIG, *NO_EVAL])
         raw["W1"] = {"pipeline": base, "workflow": tree}
         tokens = {round(r["rollout_tokens"]) for r in base + tree}
         rows.append(
@@ -723,6 +736,32 @@ def main() -> None:
                 mean(r["rollout_s"] for r in base),
                 "<= 1.05x",
                 digits=2,
+            )
+        )
+    if "R1" in only:
+        steps, rounds = ("1", 1) if args.quick else (str(args.demo_steps), args.rollout_rounds)
+        base, tree = _alternate(args.rollout_baseline, steps, rounds, [SMOKE_CONFIG, *EPISODES])
+        raw["R1"] = {"baseline": base, "tree": tree}
+        tokens = (mean(r["rollout_tokens"] for r in tree), mean(r["rollout_tokens"] for r in base))
+        rows.append(
+            _row(
+                "R1",
+                f"rollout s a step, 804533e's demo config (`{SMOKE_CONFIG}`, dtype auto), "
+                f"now vs {args.rollout_baseline} ({rounds} x {steps} steps each; "
+                f"{tokens[0]:.0f} vs {tokens[1]:.0f} tokens a step); ratio: speedup",
+                mean(r["rollout_s"] for r in tree),
+                mean(r["rollout_s"] for r in base),
+                ">= 2x",
+                digits=2,
+                inverse=True,
+            )
+        )
+        rows.append(
+            _row(
+                "R1",
+                f"rollout tok/s, now vs {args.rollout_baseline}",
+                mean(r["rollout_tok_s"] for r in tree),
+                mean(r["rollout_tok_s"] for r in base),
             )
         )
     if "dtype" in only:

@@ -717,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     from mappa.coach import CoachFatalError
     from mappa.models.sync_probe import StaleAdapterError
     from mappa.rl.update import NonFiniteError
+    from mappa.run.trackers import TrackerError
     from mappa.workflow.function import WorkflowFailed
 
     try:
@@ -726,6 +727,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkflowFailed) as err:
         print(_stopped(err), file=sys.stderr)
         return 1
+    except TrackerError as err:
+        print(f"mappa: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -572,3 +572,25 @@ def test_a_bad_workflow_function_fails_before_any_model_loads(
     with pytest.raises(ConfigError, match="workflow.function") as err:
         preflight.check(cfg)
     assert expected in str(err.value)
+
+
+def test_a_tracker_without_its_package_is_named_with_its_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("wandb", "trackio") else find_spec(name, *a),
+    )
+    cfg = load_config(default_config(), ["train.report_to=[wandb,mlflow,trackio,wandb]"])
+    with pytest.raises(ConfigError) as err:
+        preflight.check(cfg)
+    assert str(err.value).splitlines()[1:] == [
+        "  train.report_to: wandb is not installed; `pip install 'mappa-rl[wandb]'` or drop "
+        "it from train.report_to",
+        "  train.report_to: trackio is not installed; `pip install 'mappa-rl[trackio]'` or drop "
+        "it from train.report_to",
+    ]

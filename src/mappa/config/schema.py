@@ -852,6 +852,26 @@ class TrainConfig(Strict):
         "as each step ends (`tensorboard --logdir runs/` shows runs live); `mappa report RUN_DIR` "
         "is the full report (docs/report.md).",
     )
+    report_to: list[Literal["wandb", "mlflow", "trackio"]] = Field(
+        default_factory=list,
+        description="Experiment trackers that get every step's numeric metrics and a table of "
+        "sample episodes (each action's input, output, tool output and coach score), beside "
+        "`tensorboard`. Each is an extra (`pip install 'mappa-rl[wandb]'`) and honours its own "
+        "environment: `WANDB_MODE=offline`, `MLFLOW_TRACKING_URI`, `TRACKIO_DIR` "
+        "(docs/report.md, 'Experiment trackers').",
+    )
+    tracker_project: str = Field(
+        "mappa",
+        min_length=1,
+        description="The trackers' project (wandb, trackio) or experiment (mlflow); the run "
+        "is named after its run dir.",
+    )
+    sample_episodes: int = Field(
+        4,
+        ge=0,
+        description="Episodes of each step whose actions go to the trackers' sample table "
+        "(the step's first ones); 0: no table.",
+    )
 
 
 class ActorResources(Strict):

@@ -18,6 +18,26 @@ import torch.nn.functional as F
 from mappa.models.tensors import kv_cache, left_pad, with_cache
 
 
+def draw(logp: torch.Tensor) -> torch.Tensor:
+    """One token per row, drawn from ``exp(logp)`` by inverting its cumulative distribution.
+
+    The same distribution ``torch.multinomial`` draws from, at a fraction of its cost on a
+    CPU: a draw per decoding step over a full vocabulary is a visible share of a small
+    model's step there (docs/benchmarks.md). The cumulative sum runs in float64, so even a
+    token of probability 1e-12 keeps its share; a token of probability 0 is never drawn
+    (``right=True``: the draw lands in the first bin whose upper edge exceeds it).
+
+    Args:
+        logp: ``(rows, vocab)`` log-probabilities, each row normalised.
+
+    Returns:
+        ``(rows,)`` token ids.
+    """
+    cdf = logp.double().exp().cumsum(-1)
+    u = torch.rand(logp.shape[0], 1, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=logp.shape[-1] - 1)
+
+
 def stop_ids(model: Any, tokenizer: Any) -> set[int]:
     """The tokens that end a reply: the tokenizer's end of sequence and the model's
     generation config's (a chat model's end of turn is often only there)."""
@@ -65,7 +85,7 @@ def decode_batch(
     next_pos = positions[:, -1:] + 1
     for _ in range(max_new_tokens):
         logp = F.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
-        tok = logp.argmax(-1) if greedy else torch.multinomial(logp.exp(), 1).squeeze(-1)
+        tok = logp.argmax(-1) if greedy else draw(logp)
         tok_logp = logp.gather(-1, tok[:, None]).squeeze(-1)
         for row, (t, lp) in enumerate(zip(tok.tolist(), tok_logp.tolist(), strict=True)):
             tokens[live[row]].append(t)

@@ -4,8 +4,8 @@ Everything the loop uses is built by ``mappa.factory``; the update is ``mappa.rl
 Episodes are appended to ``<run_dir>/episodes.jsonl`` (with coach scores and exact token
 ids) *before* they are trained on, and one line per step goes to ``metrics.jsonl``. Every
 ``train.save_every`` steps and after the last, ``mappa.run.checkpoint`` writes a checkpoint that
-``train(..., resume=run_dir)`` (``mappa train --resume``) continues from. With
-``train.tensorboard`` each step's metrics also go to ``<run_dir>/tb/`` (``mappa.run.tensorboard``).
+``train(..., resume=run_dir)`` (``mappa train --resume``) continues from. Each step's metrics
+also go to TensorBoard and the trackers of ``train.report_to`` (``mappa.run.trackers``).
 With a ``cluster`` section the same loop drives Ray actors (``mappa.cluster``): only where
 ``RunModels`` live changes; a lost actor stops the run, pointing at the checkpoint.
 """
@@ -37,7 +37,7 @@ from mappa.run.checkpoint import TrainState
 from mappa.run.evaluation import TrainingEvaluator, training_tasks
 from mappa.run.metrics import rollout_metrics, step_line
 from mappa.run.models import RunModels, WorkerLost
-from mappa.run.tensorboard import ScalarLog
+from mappa.run.trackers import Trackers
 from mappa.tasks.batches import TaskBatches
 from mappa.workflow.function import WorkflowFailed
 from mappa.workflow.interface import RolloutInput
@@ -114,12 +114,11 @@ def train(
         raise
     # the update makes the pass anyway wherever it needs the old log-probs before a step
     recompute_old = cfg.rl.recompute_old_logprobs == "always"
-    live: ScalarLog | None = None
+    live: Trackers | None = None
     try:
         start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last
         note_code(run_dir, start)
-        if cfg.train.tensorboard:
-            live = ScalarLog(run_dir / "tb", resume_step=start)
+        live = Trackers(cfg, run_dir, resume_step=start)
         if start:
             engine.sync(adapters, start)  # the restored adapters
             signal_watch.replay(read_jsonl(run_dir / "metrics.jsonl"))  # cut back to ``start``
@@ -159,8 +158,7 @@ def train(
                 metrics.update(probe.check(step + 1))  # its time is not in update_s
             metrics.update(evaluator.after_step(step, runner))
             append_jsonl(run_dir / "metrics.jsonl", [metrics])
-            if live is not None:
-                live.write(metrics)
+            live.write(metrics, episodes)
             tqdm.write(step_line(step, metrics, names))
             guard.check(step, metrics)  # too many non-finite updates in a row: stop
             if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:

@@ -72,6 +72,19 @@ def _cluster_problem(cfg: RunConfig) -> str | None:
     return None
 
 
+def _tracker_problems(cfg: RunConfig) -> list[str]:
+    """Each tracker of ``train.report_to`` needs its client library, an extra (found, not
+    imported: importing wandb or MLflow takes seconds)."""
+    import importlib.util
+
+    return [
+        f"train.report_to: {name} is not installed; `pip install 'mappa-rl[{name}]'` "
+        f"or drop it from train.report_to"
+        for name in dict.fromkeys(cfg.train.report_to)
+        if importlib.util.find_spec(name) is None
+    ]
+
+
 def _device_problem(device: str) -> str | None:
     """A device other than cpu/auto exists here (torch is imported only to ask)."""
     if device in ("cpu", "auto"):
@@ -314,10 +327,10 @@ def check(cfg: RunConfig) -> None:
     ``ValueError``s) listing every problem found, each naming its key: the model path (a
     known, installed ``pypi:`` package, a model directory, or an HF id), the device, the
     coach URL, its API-key variable and its cache's directory, the rollout engine's package
-    (vLLM), Ray for a ``cluster`` section, the estimated GPU memory against the card
-    (``footprint``), the sandbox backend, the workflow function (imported and dry-run with
-    a stub team), the task files (errors name the file and line; duplicate ids are
-    refused). Warns about a learning rate too small to move a LoRA adapter.
+    (vLLM), Ray for a ``cluster`` section, the trackers' packages, the estimated GPU
+    memory against the card (``footprint``), the sandbox backend, the workflow function
+    (imported and dry-run with a stub team), the task files (errors name the file and
+    line; duplicate ids are refused). Warns about a learning rate too small to move a LoRA adapter.
     """
     from mappa.config import ConfigError
 
@@ -327,6 +340,7 @@ def check(cfg: RunConfig) -> None:
         _device_problem(cfg.model.device),
         _engine_problem(cfg.rollout.engine),
         _cluster_problem(cfg),
+        *_tracker_problems(cfg),
         _memory_problem(cfg),
         *_coach_problems(cfg),
         *_sandbox_problems(cfg.sandbox),
