@@ -110,6 +110,21 @@ def _parser() -> argparse.ArgumentParser:
         help="output dir for index.html and its steps/ (default: RUN_DIR/report for one run; "
         "required for several)",
     )
+    push = sub.add_parser(
+        "push",
+        help="upload a run's adapters to the Hugging Face Hub, one folder per agent, with model "
+        "cards (base model, role, held-out results)",
+    )
+    push.add_argument("run", type=Path, metavar="RUN_DIR", help="a run dir (mappa train's)")
+    push.add_argument("--repo", required=True, help="the Hub model repository, owner/name")
+    push.add_argument("--private", action="store_true", help="create the repository private")
+    push.add_argument(
+        "--dry-run",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write the repository's files to DIR and upload nothing",
+    )
     experiment = sub.add_parser(
         "experiment",
         help="compare arms x seeds of runs on one held-out set, then write the results table, "
@@ -659,6 +674,31 @@ def _experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def _push(args: argparse.Namespace) -> int:
+    """Everything checked before the network: the run, its adapters, the repository id."""
+    from mappa.run.push import PushError, check_repo_id, push, stage
+
+    if not args.run.is_dir():
+        print(f"mappa: {args.run}: no such run directory", file=sys.stderr)
+        return 2
+    try:
+        if args.dry_run is not None:
+            check_repo_id(args.repo)
+            files = stage(args.run, args.repo, args.dry_run)
+            print("\n".join(str(args.dry_run / f) for f in files))
+            print(f"mappa: --dry-run: the files {args.repo} would get are above; nothing sent")
+            return 0
+        url = push(args.run, args.repo, private=args.private)
+    except PushError as err:
+        print(f"mappa: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the Hub's HTTP errors are OSErrors (requests' and httpx')
+        print(f"mappa: the upload to {args.repo} failed: {err}", file=sys.stderr)
+        return 1
+    print(f"pushed: {url}")
+    return 0
+
+
 NO_ESTIMATE = (
     "none (a CPU run, a Ray cluster, or a model whose config.json is not here without a "
     "download; set model.gpu_memory_gib and a local model.path for one)"
@@ -673,6 +713,8 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.command == "experiment":
         return _experiment(args)
+    if args.command == "push":
+        return _push(args)
     if args.command == "coach-check":  # its config may be an experiment's, or the run's
         return _coach_check(args)
     adapters = getattr(args, "adapters", None)

