@@ -49,6 +49,7 @@ def _register(monkeypatch: pytest.MonkeyPatch, sha256: str) -> SplitGgufPackage:
         sha256=sha256,
         install="make install-fake",
         requirements="requirements-fake.txt",
+        origin="fake/split",
     )
     monkeypatch.setitem(packages.KNOWN_GGUF_PACKAGES, FAKE, info)
     return info
