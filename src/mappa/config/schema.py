@@ -133,7 +133,8 @@ class RolloutConfig(Strict):
         "hf",
         description="Who samples. `hf`: the trainer's own model (transformers), nothing to "
         "install, the CPU default. `vllm`: an in-process vLLM engine with one LoRA per agent, "
-        "given each agent's new adapter after every update (install `.[vllm]`).",
+        "given each agent's new adapter after every update (`pip install 'mappa-rl[vllm]'` on a "
+        "GPU).",
     )
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
@@ -300,6 +301,12 @@ class TaskConfig(Strict):
         None,
         description="The column that holds the reference answer (null: `answer`, else "
         "`final_answer`).",
+    )
+    answer_after: str | None = Field(
+        None,
+        description="Keep only what follows the last occurrence of this marker in the answer "
+        "column: the final answer at the end of a worked solution (GSM8K: `'####'`). A row "
+        "whose answer lacks it is refused, naming the row.",
     )
     require_answers: bool = Field(
         True,

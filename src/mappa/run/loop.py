@@ -12,6 +12,7 @@ With a ``cluster`` section the same loop drives Ray actors (``mappa.cluster``): 
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -38,6 +39,7 @@ from mappa.run.evaluation import TrainingEvaluator, training_tasks
 from mappa.run.metrics import rollout_metrics, step_line
 from mappa.run.models import RunModels, WorkerLost
 from mappa.run.trackers import Trackers
+from mappa.tasks import hf as hf_datasets
 from mappa.tasks.batches import TaskBatches
 from mappa.workflow.function import WorkflowFailed
 from mappa.workflow.interface import RolloutInput
@@ -90,6 +92,9 @@ def train(
         run_dir = checkpoint.open_run(resume, cfg)
     tasks = training_tasks(cfg)
     evaluator = TrainingEvaluator(cfg, tasks, run_dir)  # refuses overlapping held-out tasks
+    if hf_datasets.READ:  # which rows of which revision this run read
+        text = json.dumps(list(hf_datasets.READ.values()), indent=1)
+        checkpoint.write_atomic(run_dir / "data.json", text + "\n")
     log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
 
     models = _models(cfg, policies)

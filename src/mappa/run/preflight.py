@@ -54,7 +54,7 @@ def _engine_problem(engine: str) -> str | None:
     if engine == "vllm" and importlib.util.find_spec("vllm") is None:
         return (
             "rollout.engine: 'vllm' needs vLLM, which is not installed here; run "
-            "`pip install -e '.[vllm-gpu]'` on a GPU, `make install-vllm` on a CPU (or use "
+            "`pip install 'mappa-rl[vllm]'` on a GPU, `make install-vllm` on a CPU (or use "
             "rollout.engine: hf)"
         )
     return None
@@ -146,13 +146,21 @@ def _writable_problem(key: str, target: Path, *, is_file: bool) -> str | None:
 
 def _task_problems(cfg: RunConfig) -> list[str]:
     """Task files and DSBench lists parse (errors name the file and line); generated sources
-    (arithmetic, dsbench-synthetic/-sklearn) need no check."""
+    (arithmetic, dsbench-synthetic/-sklearn) need no check; DSBench needs its extra."""
+    import importlib.util
+
     from mappa.tasks import Columns, load_tasks
 
     t = cfg.tasks
     columns = Columns.of(t)
     out = []
     for key, source in (("tasks.source", cfg.tasks.source), ("eval.source", cfg.eval.source)):
+        if source and source.startswith("dsbench") and importlib.util.find_spec("sklearn") is None:
+            out.append(
+                f"{key}: DSBench tasks need scikit-learn (their metrics, and the agents' own "
+                "code): `pip install 'mappa-rl[dsbench]'`"
+            )
+            continue
         if source is None or source == "arithmetic" or source.startswith("dsbench-"):
             continue
         try:

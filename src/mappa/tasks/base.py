@@ -69,16 +69,21 @@ def refuse_duplicate_ids(tasks: Sequence[Task], origin: str, where: Sequence[str
 class Columns:
     """Which column of a task row is the prompt and which the answer (``tasks.prompt_field``,
     ``tasks.answer_field``; None: the first of ``PROMPT_FIELDS`` / ``ANSWER_FIELDS`` a row
-    has), and whether every row must have an answer (``tasks.require_answers``)."""
+    has), whether every row must have an answer (``tasks.require_answers``), and the marker
+    after which an answer column's final answer stands (``tasks.answer_after``: GSM8K's
+    ``####`` ends a worked solution)."""
 
     prompt: str | None = None
     answer: str | None = None
     require_answer: bool = True
+    answer_after: str | None = None
 
     @classmethod
     def of(cls, tasks: TaskConfig) -> Columns:
         """The columns a run config's ``tasks`` section names."""
-        return cls(tasks.prompt_field, tasks.answer_field, tasks.require_answers)
+        return cls(
+            tasks.prompt_field, tasks.answer_field, tasks.require_answers, tasks.answer_after
+        )
 
 
 DEFAULT_COLUMNS = Columns()
@@ -88,6 +93,20 @@ DEFAULT_COLUMNS = Columns()
 def _missing(origin: str, at: str, row: Mapping[str, Any], what: str, fix: str) -> str:
     found = ", ".join(map(str, row)) or "none"
     return f"{origin}: {at} has no {what}; its columns: {found}. {fix}"
+
+
+def _after(answer: str, marker: str, where: str) -> str:
+    """What follows the last ``marker`` in ``answer`` (a worked solution's final answer).
+
+    >>> _after("48/2 = 24\\n48+24 = 72\\n#### 72", "####", "line 1")
+    '72'
+    """
+    if marker not in answer:
+        raise TaskSourceError(
+            f"{where}'s answer has no {marker!r} (tasks.answer_after) to take the final "
+            f"answer after: {answer[-80:]!r}"
+        )
+    return answer.rsplit(marker, 1)[1].strip()
 
 
 def tasks_from_rows(
@@ -122,11 +141,14 @@ def tasks_from_rows(
                 "tasks.require_answers: false for tasks without one (graded wrong)."
             )
             raise TaskSourceError(_missing(origin, at, row, what, fix))
+        reference = None if answer is None else reference_text(answer)
+        if reference is not None and columns.answer_after is not None:
+            reference = _after(reference, columns.answer_after, f"{origin}: {at}")
         tasks.append(
             Task(
                 task_id=str(i if task_id is None else task_id),
                 prompt=str(prompt),
-                answer=None if answer is None else reference_text(answer),
+                answer=reference,
                 task_type=str(row.get("type") or row.get("task_type") or "math"),
             )
         )

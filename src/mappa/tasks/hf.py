@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 
 HF_PREFIX = "hf:"
 
+READ: dict[str, dict[str, Any]] = {}
+"""What this process read through ``load_hub_dataset``, by source: a run's record of its
+data (``<run_dir>/data.json``)."""
+
 
 @dataclass(frozen=True)
 class HubSource:
@@ -55,7 +59,7 @@ def load_hub_dataset(source: str, columns: Columns = DEFAULT_COLUMNS) -> list[Ta
     """Every row of one split of a Hub dataset as a Task (``HubSource``). Read through the
     ``datasets`` cache: offline (``HF_DATASETS_OFFLINE=1``) only what it holds. Without a
     ``@revision`` the newest is read, and a warning says the run cannot be reproduced
-    exactly; the data's fingerprint is logged."""
+    exactly; the data's fingerprint is logged, and what was read is kept in ``READ``."""
     hub = HubSource.parse(source)
     load_dataset = _datasets(source).load_dataset
     try:
@@ -69,6 +73,12 @@ def load_hub_dataset(source: str, columns: Columns = DEFAULT_COLUMNS) -> list[Ta
     if hub.revision is None:
         log.warning("%s: no @revision pinned: a later run may read other rows", source)
     log.info("%s: %d rows, fingerprint %s", source, len(data), data._fingerprint)
+    READ[source] = {
+        "source": source,
+        "revision": hub.revision,
+        "rows": len(data),
+        "fingerprint": data._fingerprint,  # datasets' hash of what it read
+    }
     return tasks_from_rows(data, source, columns=columns)
 
 
