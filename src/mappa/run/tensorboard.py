@@ -55,9 +55,9 @@ class ScalarLog:
 
         self.writer = SummaryWriter(logdir=str(log_dir), purge_step=resume_step or None)
 
-    def write(self, metrics: Mapping[str, Any]) -> None:
-        step = int(metrics["step"])
-        for key, value in scalars(metrics).items():
+    def write(self, values: Mapping[str, float], step: int) -> None:
+        """One step's ``scalars``."""
+        for key, value in values.items():
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
 

@@ -110,7 +110,7 @@ class _TensorBoard:
         self.log_ = ScalarLog(run_dir / "tb", resume_step=resume_step)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self.log_.write({"step": step, **metrics})
+        self.log_.write(metrics, step)
 
     def log_samples(self, rows: list[list[Any]], step: int) -> None:
         """TensorBoard has no tables; ``mappa report`` shows the episodes."""
