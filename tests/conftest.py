@@ -179,3 +179,31 @@ def prompts_and_completions(vocab: int) -> tuple[list[list[int]], list[list[int]
         return torch.randint(3, vocab, (n,), generator=gen).tolist()
 
     return [ids(9), ids(4), ids(12)], [ids(7), ids(1), ids(11)]
+
+
+PAPER_TRAIN_ROWS = [
+    # AIME 1983-2024 as its Hub repo ships it: one CSV, these columns, integer answers
+    {"ID": "1983-1", "Year": 1983, "Problem Number": 1, "Answer": 60, "Part": None,
+     "Question": "Let $x$, $y$ and $z$ all exceed $1$. Find $\\log_zw$."},
+    {"ID": "2024-II-15", "Year": 2024, "Problem Number": 15, "Answer": 315, "Part": "II",
+     "Question": "Find the number of rectangles."},
+]  # fmt: skip
+PAPER_EVAL_ROWS = [
+    # AIME 2025 as its Hub repo ships it: one parquet file, an int64 answer, a list column
+    {"problem_idx": 1, "problem": "Find the sum of all bases $b>9$.", "answer": 70,
+     "problem_type": ["Number Theory"]},
+]  # fmt: skip
+
+
+def paper_data(folder: Path, eval_rows: list[dict] | None = None) -> list[str]:
+    """Local copies of the paper configs' Hub datasets, in the files and columns those
+    repos ship (the Hub is out of reach in tests), as the overrides that point a paper
+    config at them; ``eval_rows`` replace the held-out rows."""
+    import datasets
+
+    aime, aime_2025 = folder / "AIME_1983_2024", folder / "aime_2025"
+    aime.mkdir(parents=True, exist_ok=True)
+    datasets.Dataset.from_list(PAPER_TRAIN_ROWS).to_csv(aime / "AIME_Dataset_1983_2024.csv")
+    parquet = aime_2025 / "data" / "train-00000-of-00001.parquet"
+    datasets.Dataset.from_list(eval_rows or PAPER_EVAL_ROWS).to_parquet(parquet)
+    return [f"tasks.source=hf:{aime}:train", f"eval.source=hf:{aime_2025}:train"]

@@ -63,3 +63,24 @@ def test_agent_named_like_a_peft_module_is_a_config_error() -> None:
 def test_agents_and_coach_see_separate_tool_output_budgets() -> None:
     cfg = load_config(default_config(), ["workflow.observation_chars=300"])
     assert (cfg.workflow.observation_chars, cfg.coach.observation_chars) == (300, 2000)
+
+
+def test_held_out_columns_default_to_the_training_ones(tmp_path: Path) -> None:
+    """An ``eval`` column key not given takes the ``tasks`` one (two splits of one
+    dataset); one given, even as null, is the held-out set's own; the saved config says
+    what was read, so reloading it changes nothing."""
+    from mappa.config import RunConfig
+    from mappa.tasks import Columns
+
+    gsm8k = ["tasks.answer_after='####'", "tasks.prompt_field=question"]
+    same = load_config(default_config(), gsm8k)
+    assert Columns.of(same.tasks, same.eval) == Columns(
+        "question", None, True, "####", section="eval"
+    )
+    own = load_config(
+        default_config(), [*gsm8k, "eval.answer_after=null", "eval.prompt_field=problem"]
+    )
+    assert (own.eval.prompt_field, own.eval.answer_after) == ("problem", None)
+    assert (own.tasks.prompt_field, own.tasks.answer_after) == ("question", "####")
+    for cfg in (same, own):
+        assert RunConfig.model_validate(cfg.model_dump(mode="json")) == cfg

@@ -341,23 +341,28 @@ def test_the_cli_reports_check_problems_with_exit_2_before_any_run_dir(tmp_path:
 SHIPPED = Path(preflight.__file__).resolve().parents[1] / "configs"
 
 
-def _paper_runs() -> list[tuple[str, RunConfig]]:
-    """Every shipped paper config, and every arm x seed of every shipped paper experiment."""
+def _paper_runs(data: list[str]) -> list[tuple[str, RunConfig]]:
+    """Every shipped paper config, and every arm x seed of every shipped paper experiment,
+    reading the local copies of their data that the overrides ``data`` name (planning an
+    experiment reads its data; the Hub is out of reach in tests)."""
     from mappa.experiment.spec import load_experiment, plan_runs
 
     runs = [(p.name, load_config(p)) for p in sorted(SHIPPED.glob("*_paper.yaml"))]
     for path in sorted((SHIPPED / "experiments").glob("*_paper.yaml")):
-        for run in plan_runs(load_experiment(path), path, Path("/tmp/unused")):
+        for run in plan_runs(load_experiment(path, data), path, Path("/tmp/unused")):
             runs.append((f"{path.name}:{run.name}", run.config))
     return runs
 
 
-def test_every_paper_run_checkpoints_and_fits_the_card_it_names() -> None:
+def test_every_paper_run_checkpoints_and_fits_the_card_it_names(tmp_path: Path) -> None:
     """Each paper run checkpoints, bounds its micro-batches by tokens, turns Qwen3's
     thinking off, names an 80 GB card and fits it by the pre-flight estimate; an
     in-process vLLM leaves the trainer its optimizer state (utilization well under 0.85)
     and decodes with CUDA graphs (not eager)."""
-    runs = _paper_runs()
+    pytest.importorskip("datasets")
+    from conftest import paper_data
+
+    runs = _paper_runs(paper_data(tmp_path))
     names = [name for name, _ in runs]
     assert "mathchat_paper.yaml" in names and len(names) >= 1 + 9
     for name, cfg in runs:
@@ -371,6 +376,41 @@ def test_every_paper_run_checkpoints_and_fits_the_card_it_names() -> None:
         if cfg.rollout.engine == "vllm":
             assert cfg.rollout.vllm.gpu_memory_utilization <= 0.75, name
         assert not cfg.rollout.vllm.enforce_eager, name  # CUDA graphs on a GPU
+
+
+def test_the_paper_data_is_pinned_on_the_hub_and_checked_for_overlap(tmp_path: Path) -> None:
+    """Every paper run reads its training and held-out sets from the Hub at a pinned commit
+    (no path outside a user's clone; no experiment overrides them). Their column settings
+    read rows shaped as those datasets ship them (local copies: the Hub is out of reach
+    here), and the overlap check runs on the two sets before a model loads."""
+    pytest.importorskip("datasets")
+    from conftest import PAPER_EVAL_ROWS, PAPER_TRAIN_ROWS, paper_data
+
+    from mappa.experiment.spec import load_experiment
+    from mappa.run.evaluation import checked_heldout, training_tasks
+    from mappa.tasks.hf import HubSource
+    from mappa.tasks.splits import SplitOverlapError
+
+    cfg = load_config(SHIPPED / "mathchat_paper.yaml")
+    for source in (cfg.tasks.source, cfg.eval.source):
+        assert source is not None and source.startswith("hf:"), source
+        revision = HubSource.parse(source).revision
+        assert revision is not None and len(revision) == 40, source
+    for path in sorted((SHIPPED / "experiments").glob("*_paper.yaml")):
+        spec = load_experiment(path)
+        overrides = [*spec.overrides, *(o for arm in spec.arms.values() for o in arm)]
+        assert not [o for o in overrides if o.split("=")[0].endswith((".source", "_field"))]
+
+    local = load_config(SHIPPED / "mathchat_paper.yaml", paper_data(tmp_path))
+    train = training_tasks(local)
+    assert [t.answer for t in train] == [str(r["Answer"]) for r in PAPER_TRAIN_ROWS]
+    assert [t.prompt for t in train] == [r["Question"] for r in PAPER_TRAIN_ROWS]
+    held = checked_heldout(local, train_tasks=train)
+    assert [(t.prompt, t.answer) for t in held] == [(PAPER_EVAL_ROWS[0]["problem"], "70")]
+    copied = [{**PAPER_EVAL_ROWS[0], "problem": PAPER_TRAIN_ROWS[1]["Question"]}]
+    local = load_config(SHIPPED / "mathchat_paper.yaml", paper_data(tmp_path / "b", copied))
+    with pytest.raises(SplitOverlapError, match=r"1 problem\(s\) of hf:.* also occur in hf:"):
+        checked_heldout(local, train_tasks=train)
 
 
 def test_the_paper_experiment_gives_the_gpu_install_line_of_a_real_extra() -> None:

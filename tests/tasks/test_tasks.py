@@ -240,3 +240,39 @@ def test_a_worked_solution_column_gives_the_answer_after_its_marker(tmp_path: Pa
         TaskSourceError, match=r"line 1's answer has no '####' \(tasks.answer_after\)"
     ):
         load_tasks(str(path), 0, 1, 0, columns=gsm8k)
+
+
+def test_a_hub_out_of_reach_is_refused_in_one_line_before_datasets_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the Hub's endpoint takes no connection (a real closed loopback port here),
+    a Hub id is refused at once, naming the fix, instead of after ~25 s of the client's
+    retries; in offline mode an id missing from the cache is one line saying so."""
+    import socket
+    import time
+
+    datasets = pytest.importorskip("datasets")
+    from huggingface_hub import constants
+
+    from mappa.tasks import hf
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends: nothing listens there
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    hf._hub_unreachable.cache_clear()
+    source = "hf:MathArena/aime_2025:train@c94da77eb22bbd6439e62a323bec18493a421302"
+    start = time.monotonic()
+    with pytest.raises(ValueError) as err:
+        load_tasks(source, 0, 1, 0)
+    assert time.monotonic() - start < hf.HUB_PROBE_S + 2
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{source}: the Hub cannot be reached")
+    assert "HF_DATASETS_OFFLINE=1" in message
+    hf._hub_unreachable.cache_clear()
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match=r"offline mode reads only the datasets cache") as err:
+        load_tasks("hf:no-such-org/no-such-set:train@" + "0" * 40, 0, 1, 0)
+    assert "\n" not in str(err.value)

@@ -295,7 +295,7 @@ class TaskConfig(Strict):
         None,
         description="The column of a task file's or dataset's rows that holds the prompt "
         "(null: the first of `prompt`, `problem`, `question` a row has); `eval.source` is "
-        "read with the same columns.",
+        "read with the same columns unless `eval.prompt_field` says otherwise.",
     )
     answer_field: str | None = Field(
         None,
@@ -373,6 +373,22 @@ class EvalConfig(Strict):
         False,
         description="Evaluate even if held-out problems also occur in the training set "
         "(the overlap is still reported).",
+    )
+    prompt_field: str | None = Field(
+        None,
+        description="The held-out rows' prompt column, where it differs from the training "
+        "set's (not given: `tasks.prompt_field`; null: the first of `prompt`, `problem`, "
+        "`question` a row has).",
+    )
+    answer_field: str | None = Field(
+        None,
+        description="The held-out rows' answer column (not given: `tasks.answer_field`; "
+        "null: `answer`, else `final_answer`).",
+    )
+    answer_after: str | None = Field(
+        None,
+        description="The marker the held-out answers' final answer follows (not given: "
+        "`tasks.answer_after`; null: none, the whole column is the answer).",
     )
 
     @model_validator(mode="after")
@@ -1041,6 +1057,16 @@ class RunConfig(Strict):
                     )
         if template_fields(self.workflow.tool_turn_template) - {"observation"}:
             raise ValueError("workflow.tool_turn_template may only use {observation}")
+        return self
+
+    @model_validator(mode="after")
+    def _held_out_columns(self) -> RunConfig:
+        """An ``eval`` column key not given takes the ``tasks`` one: the usual case is two
+        splits of one dataset. Filled in here, so a run's saved config says what it read."""
+        given = self.eval.model_fields_set
+        for key in ("prompt_field", "answer_field", "answer_after"):
+            if key not in given:
+                setattr(self.eval, key, getattr(self.tasks, key))
         return self
 
     @model_validator(mode="after")

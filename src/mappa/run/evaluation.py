@@ -44,7 +44,8 @@ def heldout_tasks(cfg: RunConfig, source: str | None = None) -> list[Task]:
     source = source or e.source or "arithmetic"
     if source == "arithmetic":
         return generate(t.num_tasks + e.num_tasks, cfg.task_seed, t.difficulty)[t.num_tasks :]
-    return load_tasks(source, e.num_tasks, t.difficulty, cfg.task_seed, columns=Columns.of(t))
+    columns = Columns.of(t, e)
+    return load_tasks(source, e.num_tasks, t.difficulty, cfg.task_seed, columns=columns)
 
 
 def checked_heldout(

@@ -152,9 +152,11 @@ def _task_problems(cfg: RunConfig) -> list[str]:
     from mappa.tasks import Columns, load_tasks
 
     t = cfg.tasks
-    columns = Columns.of(t)
     out = []
-    for key, source in (("tasks.source", cfg.tasks.source), ("eval.source", cfg.eval.source)):
+    for key, source, columns in (
+        ("tasks.source", t.source, Columns.of(t)),
+        ("eval.source", cfg.eval.source, Columns.of(t, cfg.eval)),
+    ):
         if source and source.startswith("dsbench") and importlib.util.find_spec("sklearn") is None:
             out.append(
                 f"{key}: DSBench tasks need scikit-learn (their metrics, and the agents' own "

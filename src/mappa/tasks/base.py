@@ -15,7 +15,7 @@ from mappa.tasks.dsbench.spec import DSBenchTask
 from mappa.tasks.math import reference_text
 
 if TYPE_CHECKING:
-    from mappa.config.schema import TaskConfig
+    from mappa.config.schema import EvalConfig, TaskConfig
 
 PROMPT_FIELDS = ("prompt", "problem", "question")
 ANSWER_FIELDS = ("answer", "final_answer")
@@ -71,18 +71,30 @@ class Columns:
     ``tasks.answer_field``; None: the first of ``PROMPT_FIELDS`` / ``ANSWER_FIELDS`` a row
     has), whether every row must have an answer (``tasks.require_answers``), and the marker
     after which an answer column's final answer stands (``tasks.answer_after``: GSM8K's
-    ``####`` ends a worked solution)."""
+    ``####`` ends a worked solution). ``section`` is the config section whose keys name
+    them (``tasks`` or ``eval``), for messages."""
 
     prompt: str | None = None
     answer: str | None = None
     require_answer: bool = True
     answer_after: str | None = None
+    section: str = "tasks"
 
     @classmethod
-    def of(cls, tasks: TaskConfig) -> Columns:
-        """The columns a run config's ``tasks`` section names."""
+    def of(cls, tasks: TaskConfig, held_out: EvalConfig | None = None) -> Columns:
+        """The columns a run config's ``tasks`` section names, or, given its ``eval``
+        section, the held-out set's (``eval.prompt_field`` and the rest: a held-out
+        dataset's columns need not be the training set's)."""
+        if held_out is None:
+            return cls(
+                tasks.prompt_field, tasks.answer_field, tasks.require_answers, tasks.answer_after
+            )
         return cls(
-            tasks.prompt_field, tasks.answer_field, tasks.require_answers, tasks.answer_after
+            held_out.prompt_field,
+            held_out.answer_field,
+            tasks.require_answers,
+            held_out.answer_after,
+            "eval",
         )
 
 
@@ -95,7 +107,7 @@ def _missing(origin: str, at: str, row: Mapping[str, Any], what: str, fix: str) 
     return f"{origin}: {at} has no {what}; its columns: {found}. {fix}"
 
 
-def _after(answer: str, marker: str, where: str) -> str:
+def _after(answer: str, marker: str, where: str, key: str = "tasks.answer_after") -> str:
     """What follows the last ``marker`` in ``answer`` (a worked solution's final answer).
 
     >>> _after("48/2 = 24\\n48+24 = 72\\n#### 72", "####", "line 1")
@@ -103,7 +115,7 @@ def _after(answer: str, marker: str, where: str) -> str:
     """
     if marker not in answer:
         raise TaskSourceError(
-            f"{where}'s answer has no {marker!r} (tasks.answer_after) to take the final "
+            f"{where}'s answer has no {marker!r} ({key}) to take the final "
             f"answer after: {answer[-80:]!r}"
         )
     return answer.rsplit(marker, 1)[1].strip()
@@ -131,19 +143,20 @@ def tasks_from_rows(
         prompt = _first(row, prompts)
         if prompt is None:
             what = " or ".join(repr(p) for p in prompts) + " prompt"
-            fix = "Name the prompt's column with tasks.prompt_field."
+            fix = f"Name the prompt's column with {columns.section}.prompt_field."
             raise TaskSourceError(_missing(origin, at, row, what, fix))
         answer, task_id = _first(row, answers), _first(row, ID_FIELDS)
         if answer is None and columns.require_answer:
             what = " or ".join(repr(a) for a in answers) + " answer"
             fix = (
-                "Name the answer's column with tasks.answer_field, or set "
+                f"Name the answer's column with {columns.section}.answer_field, or set "
                 "tasks.require_answers: false for tasks without one (graded wrong)."
             )
             raise TaskSourceError(_missing(origin, at, row, what, fix))
         reference = None if answer is None else reference_text(answer)
         if reference is not None and columns.answer_after is not None:
-            reference = _after(reference, columns.answer_after, f"{origin}: {at}")
+            key = f"{columns.section}.answer_after"
+            reference = _after(reference, columns.answer_after, f"{origin}: {at}", key)
         tasks.append(
             Task(
                 task_id=str(i if task_id is None else task_id),

@@ -9,6 +9,7 @@ nothing else in mappa needs it.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,15 +62,27 @@ def load_hub_dataset(source: str, columns: Columns = DEFAULT_COLUMNS) -> list[Ta
     ``@revision`` the newest is read, and a warning says the run cannot be reproduced
     exactly; the data's fingerprint is logged, and what was read is kept in ``READ``."""
     hub = HubSource.parse(source)
-    load_dataset = _datasets(source).load_dataset
+    datasets = _datasets(source)
+    if not Path(hub.repo).expanduser().exists() and not datasets.config.HF_HUB_OFFLINE:
+        unreachable = _hub_unreachable()
+        if unreachable:
+            raise ValueError(
+                f"{source}: the Hub cannot be reached from here ({unreachable}); on a machine "
+                "without it, set HF_DATASETS_OFFLINE=1 to read the datasets cache, or give a "
+                "local copy"
+            )
+    load_dataset = datasets.load_dataset
     try:
         data = load_dataset(hub.repo, hub.config, split=hub.split, revision=hub.revision)
     except Exception as err:  # datasets raises many kinds: not found, offline, bad split
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(
-            f"{source}: cannot load it ({first}); offline, it must be in the datasets cache "
-            "(HF_DATASETS_OFFLINE=1 reads it from there)"
-        ) from None
+        fix = (
+            "offline mode reads only the datasets cache: load it once where the Hub is "
+            "reachable and copy the cache (HF_HOME), or give a local copy"
+            if datasets.config.HF_HUB_OFFLINE
+            else "check its repo (or folder), config, split and revision"
+        )
+        raise ValueError(f"{source}: cannot load it ({first}); {fix}") from None
     if hub.revision is None:
         log.warning("%s: no @revision pinned: a later run may read other rows", source)
     log.info("%s: %d rows, fingerprint %s", source, len(data), data._fingerprint)
@@ -80,6 +93,29 @@ def load_hub_dataset(source: str, columns: Columns = DEFAULT_COLUMNS) -> list[Ta
         "fingerprint": data._fingerprint,  # datasets' hash of what it read
     }
     return tasks_from_rows(data, source, columns=columns)
+
+
+HUB_PROBE_S = 3.0
+"""How long the Hub's endpoint has to accept a connection before a dataset is refused."""
+
+
+@functools.cache
+def _hub_unreachable() -> str | None:
+    """Why the Hub's endpoint takes no connection, or None. Asked once a process, before
+    ``datasets`` tries: where the Hub is out of reach, its client retries for ~25 s before
+    it fails (and reads its cache only in offline mode)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=HUB_PROBE_S):
+            return None
+    except OSError as err:
+        return f"{url.hostname}: {err.strerror or err}"
 
 
 def _datasets(what: str) -> Any:
