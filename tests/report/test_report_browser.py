@@ -245,7 +245,7 @@ def test_report_in_chromium(report: tuple[Path, Path], browser: Any) -> None:
     assert driver.execute_script("return window.__pwned") is None
     assert not driver.find_elements(By.CSS_SELECTOR, "#ep-list img, #ep-list b")
     Select(driver.find_element(By.ID, "f-agent")).select_by_value("")
-    outcome.select_by_value("right")  # the readable episode alone, opened: the README's picture
+    outcome.select_by_value("right")  # the readable episode alone, opened: docs/report.md's picture
     crafted = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "details[data-episode=xss-1]"))
     if crafted.get_attribute("open") is None:  # a tiny-model episode that happened to be right
         crafted.find_element(By.TAG_NAME, "summary").click()

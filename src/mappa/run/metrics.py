@@ -8,7 +8,7 @@ evaluation add theirs in the loop. ``step_line`` is the line the loop prints per
 
 Every per-agent key is ``<name>/<agent>`` and means the same wherever it appears
 (``metrics.jsonl`` step lines, their ``eval/`` copies, ``eval.json``); rates are fractions
-in [0, 1]. The README's metrics table lists them.
+in [0, 1]. docs/outputs.md's metrics table lists them.
 
 ============================  ==============================================================
 key                           meaning
