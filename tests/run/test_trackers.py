@@ -95,3 +95,21 @@ def test_a_tracker_that_cannot_start_is_one_line_naming_it_and_the_fix(
     assert "\n" not in str(err.value)
     assert str(err.value).startswith("train.report_to: mlflow could not start (")
     assert "MLFLOW_TRACKING_URI" in str(err.value)
+
+
+def test_a_tracker_that_cannot_start_stops_the_run_before_its_models_load(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trackers open before the models: a run whose tracker cannot start costs no model
+    load (minutes for a large model on a GPU node)."""
+    from mappa.run import loop
+
+    def no_load(*_: object) -> None:
+        raise AssertionError("the models loaded before the trackers opened")
+
+    monkeypatch.setattr(loop, "_models", no_load)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # MLflow 3 refuses the store
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.report_to=[mlflow]")
+    with pytest.raises(TrackerError, match=r"^train.report_to: mlflow could not start \("):
+        loop.train(cfg)

@@ -323,6 +323,12 @@ def write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def steps_done(run_dir: Path) -> int:
+    """The steps done by the checkpoint ``restore`` loads (``resumable_checkpoint``)."""
+    ckpt = resumable_checkpoint(run_dir)
+    return int(json.loads((ckpt / "checkpoint.json").read_text())["step"])
+
+
 def restore(run_dir: Path, state: TrainState) -> int:
     """Load the newest checkpoint into ``state``; cut the records back to it; returns the
     steps done. RNG states are restored last, after everything that draws from them."""

@@ -95,9 +95,15 @@ def train(
     if hf_datasets.READ:  # which rows of which revision this run read
         text = json.dumps(list(hf_datasets.READ.values()), indent=1)
         checkpoint.write_atomic(run_dir / "data.json", text + "\n")
+    start = 0 if resume is None else checkpoint.steps_done(run_dir)
+    # before the models load: a tracker that cannot start (no login, a bad URI) costs no load
+    live = Trackers(cfg, run_dir, resume_step=start)
     log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
-
-    models = _models(cfg, policies)
+    try:
+        models = _models(cfg, policies)
+    except BaseException:
+        live.close()
+        raise
     adapters, engine, coach = models.policies, models.engine, models.coach
     names = [a.name for a in cfg.agents]
     roles = {a.name: a.role for a in cfg.agents}
@@ -116,14 +122,14 @@ def train(
         probe = build.sync_probe(cfg, models)
     except BaseException:
         models.close()
+        live.close()
         raise
     # the update makes the pass anyway wherever it needs the old log-probs before a step
     recompute_old = cfg.rl.recompute_old_logprobs == "always"
-    live: Trackers | None = None
     try:
-        start = 0 if resume is None else checkpoint.restore(run_dir, state)  # RNG: last
+        if resume is not None:
+            checkpoint.restore(run_dir, state)  # RNG: last
         note_code(run_dir, start)
-        live = Trackers(cfg, run_dir, resume_step=start)
         if start:
             engine.sync(adapters, start)  # the restored adapters
             signal_watch.replay(read_jsonl(run_dir / "metrics.jsonl"))  # cut back to ``start``
@@ -177,7 +183,6 @@ def train(
     finally:
         runner.close()
         models.close()
-        if live is not None:
-            live.close()
+        live.close()
     log.info("adapters saved under %s", run_dir / "adapters")
     return run_dir
