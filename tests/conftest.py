@@ -4,6 +4,7 @@ training code as a run, in seconds."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -207,3 +208,18 @@ def paper_data(folder: Path, eval_rows: list[dict] | None = None) -> list[str]:
     parquet = aime_2025 / "data" / "train-00000-of-00001.parquet"
     datasets.Dataset.from_list(eval_rows or PAPER_EVAL_ROWS).to_parquet(parquet)
     return [f"tasks.source=hf:{aime}:train", f"eval.source=hf:{aime_2025}:train"]
+
+
+def hub_cache_with(monkeypatch: pytest.MonkeyPatch, root: Path, repo: str, config: dict) -> None:
+    """A Hugging Face cache at ``root`` holding ``repo``'s config.json, laid out as
+    ``huggingface_hub`` writes it (refs/main naming a snapshot), made the cache this process
+    reads: a Hub id that loads offline, where the Hub is out of reach (tests)."""
+    from huggingface_hub import constants
+
+    folder = root / f"models--{repo.replace('/', '--')}"
+    snapshot = folder / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (snapshot / "config.json").write_text(json.dumps(config))
+    (folder / "refs").mkdir(exist_ok=True)
+    (folder / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))

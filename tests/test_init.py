@@ -37,6 +37,29 @@ def test_load_config_checks_as_the_command_line_does() -> None:
     assert mappa.load_config(default_config(), ["seed=7"]).seed == 7
     with pytest.raises(ConfigError, match="did you mean rl.lr"):
         mappa.load_config(default_config(), ["rl.lrr=0.1"])
+    with pytest.raises(TypeError, match=r"give a list of key=value strings, e.g. \['rl.lr=1'\]"):
+        mappa.load_config(default_config(), "rl.lr=1")
+
+
+def test_evaluate_refuses_missing_adapters_before_a_model_loads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """As ``mappa eval --adapters`` does: one line naming the argument, the path and the
+    fix, not a PEFT traceback after the base model loaded."""
+    from mappa.run import evaluation
+
+    def no_load(*_: object) -> None:
+        raise AssertionError("a model loaded")
+
+    monkeypatch.setattr(evaluation, "evaluate_model", no_load)
+    with pytest.raises(FileNotFoundError) as err:
+        mappa.evaluate(default_config(), adapters=tmp_path / "missing")
+    assert str(err.value) == (
+        f"adapters= {tmp_path / 'missing'}: no such directory; give a run dir or its adapters/ dir"
+    )
+    (tmp_path / "run" / "adapters" / "problem_solver").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"no adapter for problem_solver, code_executor"):
+        mappa.evaluate(default_config(), adapters=tmp_path / "run")
 
 
 @pytest.mark.integration

@@ -24,6 +24,8 @@ def load_config(config: str | PathLike[str], overrides: Sequence[str] = ()) -> R
     command line checks it (``mappa.config.ConfigError`` names the key and the file)."""
     from mappa.config import load_config as load
 
+    if isinstance(overrides, str):  # a str is a sequence of one-letter "overrides"
+        raise TypeError(f"overrides: give a list of key=value strings, e.g. [{overrides!r}]")
     return load(Path(config), list(overrides))
 
 
@@ -63,10 +65,11 @@ def evaluate(
     refused if it overlaps the training problems. Writes ``eval.json`` and
     ``eval_episodes.jsonl`` into ``out``; returns the metrics (accuracy, avg@k, pass@k,
     per-agent behaviour, ``per_task``)."""
-    from mappa.run.evaluation import checked_heldout, evaluate_model
+    from mappa.run.evaluation import adapters_dir, checked_heldout, evaluate_model
 
     cfg = _config(config, overrides)
+    given = None if adapters is None else Path(adapters)
+    found = adapters_dir(given, [a.name for a in cfg.agents], "adapters=")
     tasks = checked_heldout(cfg)
     source = cfg.eval.source or "arithmetic (held out)"
-    found = None if adapters is None else Path(adapters)
     return evaluate_model(cfg, tasks, Path(out), source, found)

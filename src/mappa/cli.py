@@ -307,26 +307,6 @@ def _eval_flags(cfg: RunConfig, args: argparse.Namespace) -> None:
         raise ValueError("; ".join(problems)) from None
 
 
-def _checked_adapters(adapters: Path | None, agents: list[str]) -> Path | None:
-    """``--adapters`` (a run dir or its ``adapters/``) as the directory that holds one
-    adapter per agent; raises ``FileNotFoundError`` naming the path before any model loads."""
-    if adapters is None:
-        return None
-    if not adapters.is_dir():
-        raise FileNotFoundError(
-            f"--adapters {adapters}: no such directory; give a run dir or its adapters/ dir"
-        )
-    if (adapters / "adapters").is_dir():
-        adapters = adapters / "adapters"
-    missing = [a for a in agents if not (adapters / a / "adapter_config.json").is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"--adapters {adapters}: no adapter for {', '.join(missing)} (each agent's is "
-            "<dir>/<agent>/adapter_config.json); give a run dir or its adapters/ dir"
-        )
-    return adapters
-
-
 def _eval(cfg: RunConfig, args: argparse.Namespace, adapters: Path | None) -> int:
     from mappa.run.evaluation import checked_heldout, evaluate_model
 
@@ -742,7 +722,9 @@ def main(argv: list[str] | None = None) -> int:
 
             check_resumable(resume, cfg)
         if args.command == "eval":
-            adapters = _checked_adapters(adapters, [a.name for a in cfg.agents])
+            from mappa.run.evaluation import adapters_dir
+
+            adapters = adapters_dir(adapters, [a.name for a in cfg.agents], "--adapters")
             _eval_flags(cfg, args)
     except (ConfigError, ValueError, FileNotFoundError) as err:
         print(f"mappa: {err}", file=sys.stderr)

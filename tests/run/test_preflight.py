@@ -225,7 +225,54 @@ def test_the_cli_rejects_a_bad_config_with_exit_2_and_no_torch(tmp_path: Path) -
 
 # --- preflight.check: what the schema cannot see ---------------------------------------------
 
-HUB = "model.path=Qwen/Qwen3-4B"  # an HF id: not checkable offline, so never an error here
+HUB = "model.path=Qwen/Qwen3-4B"  # an HF id, in the Hub cache below
+
+
+@pytest.fixture(autouse=True)
+def qwen3_in_the_hub_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen3-4B (the paper configs' model) in this process's Hugging Face cache: the Hub is
+    out of reach in tests, and the pre-flight refuses an id neither cached nor reachable."""
+    from conftest import hub_cache_with
+
+    from mappa.models.footprint import PUBLISHED_CONFIGS
+
+    root = tmp_path_factory.mktemp("hub")
+    hub_cache_with(monkeypatch, root, "Qwen/Qwen3-4B", PUBLISHED_CONFIGS["Qwen/Qwen3-4B"])
+
+
+def test_a_hub_model_neither_cached_nor_reachable_is_one_line_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Hub id that is not in the cache, where the Hub's endpoint takes no connection (a
+    real closed loopback port), is refused in one line naming the fix, instead of a
+    traceback after ~25 s of retries when the model loads; in offline mode too. A cached id
+    passes either way."""
+    from huggingface_hub import constants
+
+    from mappa import hub
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    hub.hub_unreachable.cache_clear()
+    try:
+        message = _problem("model.path=Qwen/Qwen2.5-0.5B-Instruct")
+        assert message.startswith(
+            "model.path: Qwen/Qwen2.5-0.5B-Instruct is not in the Hugging Face cache and the "
+            "Hub cannot be reached (127.0.0.1: "
+        )
+        assert "\n" not in message and "hf download Qwen/Qwen2.5-0.5B-Instruct" in message
+        preflight.check(_cfg())  # Qwen3-4B: cached
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+        assert "not in the Hugging Face cache and HF_HUB_OFFLINE is set" in _problem(
+            "model.path=Qwen/Qwen2.5-0.5B-Instruct"
+        )
+    finally:
+        hub.hub_unreachable.cache_clear()
 
 
 def _cfg(*overrides: str) -> RunConfig:
@@ -402,6 +449,7 @@ def test_the_paper_data_is_pinned_on_the_hub_and_checked_for_overlap(tmp_path: P
         assert not [o for o in overrides if o.split("=")[0].endswith((".source", "_field"))]
 
     local = load_config(SHIPPED / "mathchat_paper.yaml", paper_data(tmp_path))
+    assert preflight._task_problems(local) == []  # read with their columns, no overlap
     train = training_tasks(local)
     assert [t.answer for t in train] == [str(r["Answer"]) for r in PAPER_TRAIN_ROWS]
     assert [t.prompt for t in train] == [r["Question"] for r in PAPER_TRAIN_ROWS]
@@ -411,6 +459,8 @@ def test_the_paper_data_is_pinned_on_the_hub_and_checked_for_overlap(tmp_path: P
     local = load_config(SHIPPED / "mathchat_paper.yaml", paper_data(tmp_path / "b", copied))
     with pytest.raises(SplitOverlapError, match=r"1 problem\(s\) of hf:.* also occur in hf:"):
         checked_heldout(local, train_tasks=train)
+    [problem] = preflight._task_problems(local)
+    assert problem.startswith("eval.source: 1 problem(s) of hf:")
 
 
 def test_the_paper_experiment_gives_the_gpu_install_line_of_a_real_extra() -> None:
@@ -654,3 +704,29 @@ def test_dsbench_tasks_without_scikit_learn_name_the_extra(monkeypatch: pytest.M
         f"  tasks.source: {extra}",
         f"  eval.source: {extra}",
     ]
+
+
+def test_a_held_out_set_that_overlaps_training_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A training run that evaluates on held-out problems also in its training set is
+    refused by the pre-flight (so by ``--dry-run`` too), in one line naming the sets, the
+    shared ids and the fix, before a run dir exists; ``eval.allow_overlap`` allows it, and
+    a held-out set the run never evaluates on is not its business."""
+    from mappa.cli import main
+
+    rows = [{"id": f"p{i}", "prompt": f"What is {i} + {i}?", "answer": 2 * i} for i in range(9)]
+    train, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))
+    held.write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))
+    sources = [f"tasks.source={train}", f"eval.source={held}", "eval.every=1"]
+    message = _problem(*sources)
+    assert message.startswith(f"eval.source: 7 problem(s) of {held} also occur in {train}: ")
+    assert "p1 (= train p1)" in message and "and 2 more" in message and "\n" not in message
+    assert "eval.allow_overlap=true" in message
+    preflight.check(_cfg(*sources, "eval.allow_overlap=true"))
+    preflight.check(_cfg(*sources[:2], "eval.every=0", "eval.at_start=false"))
+    run_dir = tmp_path / "run"
+    assert main(["train", "--dry-run", HUB, *sources, f"run_dir={run_dir}"]) == 2
+    assert capsys.readouterr().err.startswith("mappa: eval.source: 7 problem(s) of ")
+    assert not run_dir.exists()

@@ -136,3 +136,52 @@ def test_push_inputs_are_checked_in_one_line_each(
 
     assert main(["push", str(run_dir), "--repo", "me/team", "--dry-run", str(tmp_path / "d")]) == 0
     assert (tmp_path / "d" / "verifier" / "adapter_model.safetensors").is_file()
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)  # not a run, and not logged in: the run
+    assert main(["push", str(tmp_path), "--repo", "me/team"]) == 2
+    assert "no config.yaml here" in capsys.readouterr().err
+    a_file = tmp_path / "d" / "README.md"
+    assert main(["push", str(run_dir), "--repo", "me/team", "--dry-run", str(a_file)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"mappa: {a_file}: is a file; stage into a new or empty directory\n"
+
+
+def test_a_hub_out_of_reach_or_a_failed_upload_is_one_line(
+    run_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Logged in where the Hub's endpoint takes no connection (a real closed loopback
+    port): one line naming the offline way (stage, then upload elsewhere), not a client
+    traceback; an upload the Hub refuses is one line with its reason (exit 1)."""
+    import socket
+
+    from huggingface_hub import constants
+
+    from mappa import hub
+    from mappa.run.push import UploadFailed
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_TOKEN", "hf_fake_token_never_sent")
+    hub.hub_unreachable.cache_clear()
+    try:
+        assert main(["push", str(run_dir), "--repo", "me/team"]) == 2
+    finally:
+        hub.hub_unreachable.cache_clear()
+    err = capsys.readouterr().err
+    assert err.startswith("mappa: the Hub cannot be reached from here (127.0.0.1: ")
+    assert err.count("\n") == 1 and "--dry-run DIR" in err
+
+    class RefusingHubApi(FakeHubApi):
+        """A fake ``HfApi`` whose upload fails as the client does, with a long message."""
+
+        def upload_folder(self, **kw: Any) -> None:
+            raise RuntimeError("403 Forbidden: you cannot write to me/team\nrequest id: x")
+
+    with pytest.raises(UploadFailed) as failed:
+        push(run_dir, "me/team", api=RefusingHubApi())
+    assert str(failed.value) == "RuntimeError: 403 Forbidden: you cannot write to me/team"

@@ -113,3 +113,36 @@ def test_a_tracker_that_cannot_start_stops_the_run_before_its_models_load(
     cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.report_to=[mlflow]")
     with pytest.raises(TrackerError, match=r"^train.report_to: mlflow could not start \("):
         loop.train(cfg)
+
+
+def test_wandb_online_with_its_server_out_of_reach_is_one_line_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Logged in, online mode, the server out of reach (a real closed loopback port): one
+    line naming the fix in seconds, instead of wandb waiting out its 90 s init timeout."""
+    import socket
+    import time
+
+    wandb = pytest.importorskip("wandb")
+    from mappa.config import load_config
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    cfg = load_config("configs/smoke.yaml", [f"run_dir={tmp_path}", "train.report_to=[wandb]"])
+    wandb.teardown()  # the settings are read when wandb is set up: here, with these
+    start = time.monotonic()
+    try:
+        with pytest.raises(TrackerError) as err:
+            Trackers(cfg, tmp_path)
+    finally:
+        wandb.teardown()
+    assert time.monotonic() - start < 10
+    assert str(err.value).startswith(
+        "train.report_to: wandb could not start (ConnectionError: the server cannot be "
+        "reached (127.0.0.1: "
+    )
+    assert "\n" not in str(err.value) and "WANDB_MODE=offline" in str(err.value)

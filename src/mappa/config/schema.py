@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -895,6 +895,12 @@ class TrainConfig(Strict):
         description="Episodes of each step whose actions go to the trackers' sample table "
         "(the step's first ones); 0: no table.",
     )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_tracker(cls, value: Any) -> Any:
+        """``report_to: wandb`` is the one-tracker list a user means."""
+        return [value] if isinstance(value, str) else value
 
 
 class ActorResources(Strict):

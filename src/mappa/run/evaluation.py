@@ -191,6 +191,27 @@ def adapter_base(adapters: Path, agent: str) -> str | None:
     return str(name) if name else None
 
 
+def adapters_dir(adapters: Path | None, agents: Sequence[str], key: str) -> Path | None:
+    """``adapters`` (a run dir or its ``adapters/``) as the directory that holds one
+    adapter per agent, checked before any model loads: ``FileNotFoundError`` naming ``key``
+    (the flag or argument that gave it), the path and the fix."""
+    if adapters is None:
+        return None
+    if not adapters.is_dir():
+        raise FileNotFoundError(
+            f"{key} {adapters}: no such directory; give a run dir or its adapters/ dir"
+        )
+    if (adapters / "adapters").is_dir():
+        adapters = adapters / "adapters"
+    missing = [a for a in agents if not (adapters / a / "adapter_config.json").is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{key} {adapters}: no adapter for {', '.join(missing)} (each agent's is "
+            "<dir>/<agent>/adapter_config.json); give a run dir or its adapters/ dir"
+        )
+    return adapters
+
+
 def evaluate_model(
     cfg: RunConfig,
     tasks: Sequence[Task],

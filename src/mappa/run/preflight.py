@@ -40,11 +40,39 @@ def _model_path_problem(key: str, path: str) -> str | None:
     if local.exists():
         return f"{key}: {path} is a file; a model is a directory, pypi:<package> or an HF id"
     if re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", path):
-        return None  # a Hugging Face id: resolved (and downloaded) when the model loads
+        return _hub_model_problem(key, path)
     return (
         f"{key}: {path!r} is not a local directory, not pypi:<package> and not a Hugging Face "
         "id (org/name)"
     )
+
+
+def _hub_model_problem(key: str, repo: str) -> str | None:
+    """A Hugging Face model id loads from the Hub's cache, or from the Hub where it can be
+    reached (downloaded when the model loads); where neither, transformers would fail
+    after ~25 s of retries with a traceback."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from mappa.hub import hub_offline, hub_unreachable
+
+    try:
+        if isinstance(try_to_load_from_cache(repo, "config.json"), str):
+            return None
+    except ValueError:  # not a valid repo id: left to the loader's own message
+        return None
+    fix = (
+        "download it where the Hub is reachable (`hf download REPO`) and copy the "
+        "cache (HF_HOME), or give a local model directory"
+    ).replace("REPO", repo)
+    if hub_offline():
+        return f"{key}: {repo} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; {fix}"
+    unreachable = hub_unreachable()
+    if unreachable:
+        return (
+            f"{key}: {repo} is not in the Hugging Face cache and the Hub cannot be reached "
+            f"({unreachable}); {fix}"
+        )
+    return None
 
 
 def _engine_problem(engine: str) -> str | None:
@@ -91,18 +119,22 @@ def _device_problem(device: str) -> str | None:
         return None
     import torch
 
+    fix = "use auto (the GPU where there is one, else the CPU), cpu, cuda, cuda:N or mps"
     try:
         dev = torch.device(device)
-    except (RuntimeError, ValueError) as err:
-        return f"model.device: {device!r} is not a device ({err})"
+    except (RuntimeError, ValueError):
+        return f"model.device: {device!r} is not a device; {fix}"
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU"
-            return f"model.device: {device!r} requested, but CUDA is not available here ({why})"
+            return (
+                f"model.device: {device!r} requested, but CUDA is not available here ({why}); "
+                "use auto or cpu here, or install a CUDA build of torch on a GPU machine"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             return f"model.device: {device!r}: only {torch.cuda.device_count()} GPU(s) here"
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        return f"model.device: {device!r} requested, but MPS is not available here"
+        return f"model.device: {device!r} requested, but MPS is not available here; use auto"
     return None
 
 
@@ -146,16 +178,20 @@ def _writable_problem(key: str, target: Path, *, is_file: bool) -> str | None:
 
 def _task_problems(cfg: RunConfig) -> list[str]:
     """Task files and DSBench lists parse (errors name the file and line); generated sources
-    (arithmetic, dsbench-synthetic/-sklearn) need no check; DSBench needs its extra."""
+    (arithmetic, dsbench-synthetic/-sklearn) need no check; DSBench needs its extra. A
+    held-out set the run evaluates on shares no problem with the training set (unless
+    ``eval.allow_overlap``)."""
     import importlib.util
 
     from mappa.tasks import Columns, load_tasks
+    from mappa.tasks.splits import SplitOverlapError, find_overlap
 
-    t = cfg.tasks
+    t, e = cfg.tasks, cfg.eval
     out = []
+    loaded = {}
     for key, source, columns in (
         ("tasks.source", t.source, Columns.of(t)),
-        ("eval.source", cfg.eval.source, Columns.of(t, cfg.eval)),
+        ("eval.source", e.source, Columns.of(t, e)),
     ):
         if source and source.startswith("dsbench") and importlib.util.find_spec("sklearn") is None:
             out.append(
@@ -166,9 +202,15 @@ def _task_problems(cfg: RunConfig) -> list[str]:
         if source is None or source == "arithmetic" or source.startswith("dsbench-"):
             continue
         try:
-            load_tasks(source, t.num_tasks, t.difficulty, cfg.task_seed, columns=columns)
+            loaded[key] = load_tasks(
+                source, t.num_tasks, t.difficulty, cfg.task_seed, columns=columns
+            )
         except (ValueError, OSError, ImportError) as err:
             out.append(f"{key}: {err}")
+    if len(loaded) == 2 and (e.every or e.at_start) and not e.allow_overlap:
+        pairs = find_overlap(loaded["eval.source"], loaded["tasks.source"])
+        if pairs:
+            out.append(f"eval.source: {SplitOverlapError(pairs, str(e.source), str(t.source))}")
     return out
 
 
@@ -384,27 +426,26 @@ def coach_unreachable(cfg: RunConfig, timeout_s: float = COACH_PROBE_S) -> str |
     import socket
     from urllib.parse import urlsplit
 
+    from mappa.hub import connect_error
+
     c = cfg.coach
     if c.backend != "http" or not cfg.rl.needs_coach or c.cache.mode == "replay":
         return None
     url = c.http.base_url
+    err = connect_error(url, timeout_s)  # a malformed URL: check() names it
+    if err is None:
+        return None
     parts = urlsplit(url)
-    if not parts.hostname:
-        return None  # malformed: check() names it
     port = parts.port or (443 if parts.scheme == "https" else 80)
     fix = (
         "start the coach server there (e.g. `vllm serve <model> --served-model-name coach "
         f"--port {port}`, or `mappa coach-serve`) or set coach.http.base_url to where it runs"
     )
-    try:
-        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
-            return None
-    except ConnectionRefusedError:
+    if isinstance(err, ConnectionRefusedError):
         return f"coach.http.base_url: nothing listens at {url} (connection refused); {fix}"
-    except socket.gaierror as err:
+    if isinstance(err, socket.gaierror):
         return f"coach.http.base_url: {url}: host {parts.hostname!r} is unknown ({err}); {fix}"
-    except OSError as err:
-        return f"coach.http.base_url: {url} accepts no connection ({err or 'timed out'}); {fix}"
+    return f"coach.http.base_url: {url} accepts no connection ({err or 'timed out'}); {fix}"
 
 
 def check_coach_reachable(cfg: RunConfig) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from mappa.config import AgentConfig, RunConfig
+from mappa.hub import hub_unreachable
 from mappa.jsonl import read_jsonl
 from mappa.models.packages import PYPI_PREFIX, hub_origin
 
@@ -28,6 +29,10 @@ TAGS = ["mappa", "multi-agent", "lora", "reinforcement-learning"]
 
 class PushError(ValueError):
     """What stops a push, in one line naming the input and the fix."""
+
+
+class UploadFailed(ConnectionError):
+    """The Hub refused or dropped the upload (its client raises many kinds), in one line."""
 
 
 def run_config(run_dir: Path) -> RunConfig:
@@ -188,6 +193,8 @@ def stage(run_dir: Path, repo_id: str, out: Path) -> list[Path]:
     """
     cfg = run_config(run_dir)
     origin = hub_origin(cfg.model.path)
+    if out.exists() and not out.is_dir():
+        raise PushError(f"{out}: is a file; stage into a new or empty directory")
     out.mkdir(parents=True, exist_ok=True)
     files = [Path("README.md"), Path("config.yaml")]
     (out / "README.md").write_text(team_card(cfg, repo_id, run_dir))
@@ -224,29 +231,49 @@ def check_repo_id(repo_id: str) -> None:
         raise PushError(f"--repo {repo_id!r}: not a Hub repository id ({err})") from None
 
 
+def _hub_api() -> Any:
+    """An ``HfApi`` with the login ``hf auth login`` or ``HF_TOKEN`` gives, checked: a token
+    is there and the Hub can be reached (``PushError`` naming the fix otherwise)."""
+    from huggingface_hub import HfApi, get_token
+
+    if get_token() is None:
+        raise PushError("not logged in to the Hub: run `hf auth login` or set HF_TOKEN")
+    unreachable = hub_unreachable()
+    if unreachable:
+        raise PushError(
+            f"the Hub cannot be reached from here ({unreachable}); stage the files with "
+            "`mappa push RUN_DIR --repo ... --dry-run DIR` and upload DIR from a machine "
+            "that reaches it (`hf upload`)"
+        )
+    return HfApi()
+
+
 def push(run_dir: Path, repo_id: str, private: bool = False, api: Any = None) -> str:
     """Stage the team and upload it as one commit; returns the repository's URL.
 
     Args:
         api: a ``huggingface_hub.HfApi`` (default: one with the token ``hf auth login`` or
             ``HF_TOKEN`` gives).
+
+    Raises ``PushError`` for a bad input (the run, its adapters, the repository id, the
+    login, a Hub out of reach), ``UploadFailed`` when the Hub refuses or drops the upload.
     """
     import tempfile
 
-    from huggingface_hub import HfApi, get_token
-
     check_repo_id(repo_id)
-    if api is None:
-        if get_token() is None:
-            raise PushError("not logged in to the Hub: run `hf auth login` or set HF_TOKEN")
-        api = HfApi()
     with tempfile.TemporaryDirectory(prefix="mappa-push-") as tmp:
-        stage(run_dir, repo_id, Path(tmp))
-        url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        api.upload_folder(
-            repo_id=repo_id,
-            folder_path=tmp,
-            repo_type="model",
-            commit_message=f"mappa push {run_dir.name}",
-        )
+        stage(run_dir, repo_id, Path(tmp))  # the run first: a login matters only for a run
+        if api is None:
+            api = _hub_api()
+        try:
+            url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            api.upload_folder(
+                repo_id=repo_id,
+                folder_path=tmp,
+                repo_type="model",
+                commit_message=f"mappa push {run_dir.name}",
+            )
+        except Exception as err:  # HTTP, auth, network: the client's many kinds
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise UploadFailed(f"{type(err).__name__}: {first}") from None
     return str(url)

@@ -123,6 +123,14 @@ class _Wandb:
     def __init__(self, cfg: RunConfig, run_dir: Path, run_id: str | None) -> None:
         import wandb
 
+        from mappa.hub import unreachable
+
+        settings = wandb.setup().settings  # with WANDB_MODE, WANDB_BASE_URL and the rest
+        if settings.mode not in ("offline", "disabled", "dryrun"):
+            # wandb would wait out its init timeout (90 s) before it says so
+            problem = unreachable(settings.base_url)
+            if problem:
+                raise ConnectionError(f"the server cannot be reached ({problem})")
         self.wandb = wandb
         self.run = wandb.init(
             project=cfg.train.tracker_project,

@@ -9,12 +9,12 @@ nothing else in mappa needs it.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mappa.hub import hub_unreachable
 from mappa.tasks.base import DEFAULT_COLUMNS, Columns, Task, tasks_from_rows
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def load_hub_dataset(source: str, columns: Columns = DEFAULT_COLUMNS) -> list[Ta
     hub = HubSource.parse(source)
     datasets = _datasets(source)
     if not Path(hub.repo).expanduser().exists() and not datasets.config.HF_HUB_OFFLINE:
-        unreachable = _hub_unreachable()
+        unreachable = hub_unreachable()
         if unreachable:
             raise ValueError(
                 f"{source}: the Hub cannot be reached from here ({unreachable}); on a machine "
@@ -93,29 +93,6 @@ def load_hub_dataset(source: str, columns: Columns = DEFAULT_COLUMNS) -> list[Ta
         "fingerprint": data._fingerprint,  # datasets' hash of what it read
     }
     return tasks_from_rows(data, source, columns=columns)
-
-
-HUB_PROBE_S = 3.0
-"""How long the Hub's endpoint has to accept a connection before a dataset is refused."""
-
-
-@functools.cache
-def _hub_unreachable() -> str | None:
-    """Why the Hub's endpoint takes no connection, or None. Asked once a process, before
-    ``datasets`` tries: where the Hub is out of reach, its client retries for ~25 s before
-    it fails (and reads its cache only in offline mode)."""
-    import socket
-    from urllib.parse import urlsplit
-
-    from huggingface_hub import constants
-
-    url = urlsplit(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname or "", port), timeout=HUB_PROBE_S):
-            return None
-    except OSError as err:
-        return f"{url.hostname}: {err.strerror or err}"
 
 
 def _datasets(what: str) -> Any:

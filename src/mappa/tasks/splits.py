@@ -34,12 +34,17 @@ def normalize_text(text: str) -> str:
 class SplitOverlapError(ValueError):
     """Evaluation problems that also occur in the training set."""
 
+    SHOWN = 5
+    """Pairs named in the message; the rest are counted."""
+
     def __init__(self, pairs: list[tuple[str, str]], eval_name: str, train_name: str) -> None:
         self.pairs = pairs
-        shown = ", ".join(f"{e} (= train {t})" for e, t in pairs)
+        shown = ", ".join(f"{e} (= train {t})" for e, t in pairs[: self.SHOWN])
+        more = f" and {len(pairs) - self.SHOWN} more" if len(pairs) > self.SHOWN else ""
         super().__init__(
-            f"{len(pairs)} problem(s) of {eval_name} also occur in {train_name}: {shown}. "
-            "Remove them, or pass --allow-overlap (eval.allow_overlap=true) to evaluate anyway."
+            f"{len(pairs)} problem(s) of {eval_name} also occur in {train_name}: {shown}{more}. "
+            "Remove them, or set eval.allow_overlap=true (mappa eval: --allow-overlap) to "
+            "evaluate anyway."
         )
 
 
