@@ -34,6 +34,7 @@ def test_train_reads_a_config_file_with_overrides_and_runs_the_loop(
 def test_load_config_checks_as_the_command_line_does() -> None:
     from mappa.config import ConfigError
 
+    assert mappa.ConfigError is ConfigError and "ConfigError" in mappa.__all__
     assert mappa.load_config(default_config(), ["seed=7"]).seed == 7
     with pytest.raises(ConfigError, match="did you mean rl.lr"):
         mappa.load_config(default_config(), ["rl.lrr=0.1"])

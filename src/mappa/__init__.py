@@ -17,6 +17,17 @@ if TYPE_CHECKING:
     from mappa.config import RunConfig
 
 __version__ = "0.1.0"
+__all__ = ["ConfigError", "__version__", "evaluate", "load_config", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    """``mappa.ConfigError`` (what a bad config raises), imported on first use: importing
+    mappa stays free of pydantic until a config is read."""
+    if name == "ConfigError":
+        from mappa.config import ConfigError
+
+        return ConfigError
+    raise AttributeError(f"module 'mappa' has no attribute {name!r}")
 
 
 def load_config(config: str | PathLike[str], overrides: Sequence[str] = ()) -> RunConfig:
