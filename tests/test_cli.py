@@ -161,3 +161,29 @@ def test_a_bare_train_says_what_it_will_run_before_loading(
     assert main(["train", "train.steps=3"]) == 0
     [line] = seen
     assert "{time}" not in line and re.search(r"run dir runs/demo-\d{8}-\d{6}\n$", line)
+
+
+def test_overrides_are_taken_after_options_too(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's ``mappa experiment EXPERIMENT.yaml [--out DIR] [key.path=value ...]``:
+    an override after an option reaches the runs (its typo is named as an override)."""
+    path = shipped_configs() / "experiments" / "credit_controls_cpu.yaml"
+    out = tmp_path / "out"
+    assert main(["experiment", str(path), "--out", str(out), "rl.kl_betta=0.1"]) == 2
+    assert "override rl.kl_betta=0.1: unknown key; did you mean rl.kl_beta?" in (
+        _one_line_error(capsys)
+    )
+    assert not out.exists()
+    demo = str(default_config())
+    assert main(["train", "train.steps=1", "--config", demo, "rl.kl_betta=0.1"]) == 2
+    assert _one_line_error(capsys).startswith("mappa: override rl.kl_betta=0.1: unknown key")
+
+
+def test_an_unknown_argument_is_still_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "train.steps=1", "--bogus", "extra"])
+    assert exit_.value.code == 2
+    assert _one_line_error(capsys) == (
+        "mappa: unrecognized arguments: --bogus extra; see mappa --help"
+    )

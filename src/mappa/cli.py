@@ -251,6 +251,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_override(token: str) -> bool:
+    return "=" in token and not token.startswith("-")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, with ``key=value`` overrides also after options
+    (``mappa experiment X.yaml --out D train.steps=1``): argparse fills a subcommand's
+    ``overrides`` only from the tokens before its first option and returns the rest as
+    unrecognized; those that are overrides join them, anything else is still refused."""
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if hasattr(args, "overrides"):
+        args.overrides += [t for t in rest if _is_override(t)]
+        rest = [t for t in rest if not _is_override(t)]
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
 def _setup_logging() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
@@ -706,7 +725,7 @@ NO_ESTIMATE = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     if args.command == "coach-serve":  # needs no run config
         return _coach_serve(args)
     if args.command == "report":
