@@ -187,3 +187,23 @@ def test_an_unknown_argument_is_still_refused(capsys: pytest.CaptureFixture[str]
     assert _one_line_error(capsys) == (
         "mappa: unrecognized arguments: --bogus extra; see mappa --help"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["trian"], "mappa: argument command: invalid choice: 'trian' (did you mean train?)"),
+        (
+            ["coach-serve", "--server", "llamcpp"],
+            "mappa coach-serve: argument --server: invalid choice: 'llamcpp' (did you mean "
+            "llamacpp?)",
+        ),
+    ],
+)
+def test_a_mistyped_choice_names_the_closest(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert _one_line_error(capsys).startswith(f"{error}; see mappa")

@@ -8,6 +8,7 @@ well under a second and no model is ever loaded for a config that cannot run.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -50,6 +51,19 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A value that is not among the choices (a subcommand, ``--server``) is refused
+        naming the closest choice, if one is close: ``mappa trian`` is a typo, and the list
+        of every choice does not say of which."""
+        choices = action.choices
+        if choices is not None and value not in choices:
+            near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            if near:
+                raise argparse.ArgumentError(
+                    action, f"invalid choice: {value!r} (did you mean {near[0]}?)"
+                )
+        super()._check_value(action, value)
 
 
 def _parser() -> argparse.ArgumentParser:
