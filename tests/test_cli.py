@@ -207,3 +207,35 @@ def test_a_mistyped_choice_names_the_closest(
         main(argv)
     assert exit_.value.code == 2
     assert _one_line_error(capsys).startswith(f"{error}; see mappa")
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["eval", "--limit", "0"], "mappa eval: argument --limit: 0: give at least 1"),
+        (["eval", "--limit", "-1"], "mappa eval: argument --limit: -1: give at least 1"),
+        (
+            ["coach-check", "--episodes", "runs/x", "--limit", "0"],
+            "mappa coach-check: argument --limit: 0: give at least 1",
+        ),
+        (
+            ["coach-serve", "--port", "99999"],
+            "mappa coach-serve: argument --port: 99999: give 0-65535 (0: a free port)",
+        ),
+    ],
+)
+def test_a_number_out_of_range_is_refused_before_anything_loads(
+    argv: list[str],
+    error: str,
+    monkeypatch: pytest.MonkeyPatch,
+    no_model: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a coach server was made")
+
+    monkeypatch.setattr("mappa.coach.servers.make_server", refuse)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert _one_line_error(capsys) == f"{error}; see {error.split(':')[0]} --help"

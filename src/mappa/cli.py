@@ -66,6 +66,24 @@ class _Parser(argparse.ArgumentParser):
         super()._check_value(action, value)
 
 
+def _int_in(low: int, high: int | None = None, note: str = "") -> Callable[[str], int]:
+    """An argparse type: an int from ``low`` to ``high`` (no bound: None), else one line
+    naming the value and the range, before anything loads (``--limit 0`` would load the
+    model to evaluate nothing)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            allowed = f"at least {low}" if high is None else f"{low}-{high}"
+            raise argparse.ArgumentTypeError(f"{value}: give {allowed}{note}")
+        return value
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="mappa", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"mappa {__version__}")
@@ -105,7 +123,12 @@ def _parser() -> argparse.ArgumentParser:
         help="pypi:<package> (a known GGUF package; the default is the one `make install` "
         "gives), or a GGUF file (llamacpp) or a model directory (vllm)",
     )
-    serve.add_argument("--port", type=int, default=None, help="default: a free port")
+    serve.add_argument(
+        "--port",
+        type=_int_in(0, 65535, " (0: a free port)"),
+        default=None,
+        help="default (or 0): a free port",
+    )
     serve.add_argument("--max-model-len", type=int, default=4096, help="context length")
     serve.add_argument("--threads", type=int, default=1, help="llamacpp: decoding threads")
     serve.add_argument("--kv-cache-gib", type=float, default=1.0, help="vllm: KV cache size")
@@ -188,7 +211,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--limit",
-        type=int,
+        type=_int_in(1),
         default=None,
         metavar="N",
         help="with --episodes: rescore N episodes spread evenly over the run (default: all)",
@@ -241,7 +264,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="task file or dataset dir (default: eval.source, else held-out arithmetic)",
     )
-    ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N tasks")
+    ev.add_argument(
+        "--limit", type=_int_in(1), default=None, help="evaluate only the first N tasks"
+    )
     ev.add_argument(
         "--out", type=Path, default=None, help="where eval.json and eval_episodes.jsonl go"
     )
@@ -536,8 +561,6 @@ def _check_plan(
         return source, contexts, lambda scores, s: check.check_report(scores, cases, s)
     from mappa.records import read_episodes
 
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit {args.limit}: give at least 1")
     path = args.episodes / "episodes.jsonl" if args.episodes.is_dir() else args.episodes
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (a run dir holds episodes.jsonl)")
