@@ -113,6 +113,28 @@ def test_missing_file() -> None:
         load_config("/nonexistent/run.yaml")
 
 
+def test_a_yaml_syntax_error_is_one_line_with_line_and_column(tmp_path: Path) -> None:
+    """PyYAML's own message spans lines (the source quoted under a caret)."""
+    path = write_yaml(tmp_path, "rl:\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (
+        f"{path}: not valid YAML: line 3, column 1: expected ',' or ']', but got "
+        "'<stream end>' (while parsing a flow sequence at line 2, column 7); fix the YAML syntax"
+    )
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n"])
+def test_an_empty_config_is_refused_not_run_as_the_defaults(tmp_path: Path, text: str) -> None:
+    path = write_yaml(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (
+        f"{path}: the file is empty; write the keys that differ from the defaults "
+        "(docs/config.md), or omit --config for the demo config"
+    )
+
+
 def test_preset_supplies_the_pipeline_and_a_config_overrides_only_what_differs(
     tmp_path: Path,
 ) -> None:

@@ -158,6 +158,33 @@ def _format_errors(err: ValidationError, source: str, overrides: dict[tuple[Any,
     return "\n".join([header, *(f"  {where}: {msg}" for where, msg, _ in problems)])
 
 
+def read_yaml(path: Path) -> Any:
+    """The YAML document in ``path``; a syntax error is a ``ConfigError`` in one line (the
+    file, line and column, PyYAML's problem), where PyYAML's own message spans several,
+    quoting the source under a caret."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(
+            f"{path}: not valid YAML: {_yaml_problem(err)}; fix the YAML syntax"
+        ) from None
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """Where and what: ``line 3, column 1: expected ',' or ']', but got '<stream end>'
+    (while parsing a flow sequence at line 2, column 7)``."""
+    if not isinstance(err, yaml.MarkedYAMLError) or err.problem_mark is None:
+        return " ".join(str(err).split())
+    text = f"{_at(err.problem_mark)}: {err.problem}"
+    if err.context and err.context_mark is not None:
+        text += f" ({err.context} at {_at(err.context_mark)})"
+    return " ".join(text.split())
+
+
+def _at(mark: yaml.Mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
 PRESETS_DIR = Path(__file__).parents[1] / "presets"
 """Shipped pipeline presets: ``<name>.yaml`` holds agents, workflow and coach defaults."""
 
@@ -170,7 +197,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     if not path.is_file():
         shipped = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
         raise ConfigError(f"workflow.preset {name_or_path!r}: no such preset {shipped} or file")
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a preset must be a mapping")
     return data
@@ -221,10 +248,12 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    raw = read_yaml(path)
+    if raw is None:  # no keys, or only comments: a run of every default, not what was meant
+        raise ConfigError(
+            f"{path}: the file is empty; write the keys that differ from the defaults "
+            "(docs/config.md), or omit --config for the demo config"
+        )
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     try:
