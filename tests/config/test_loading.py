@@ -108,6 +108,28 @@ def test_cli_bad_config_exits_nonzero_without_loading_a_model(tmp_path: Path) ->
     assert "HEAVY []" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "agents:\n  - {nme: solver, role: Solves., input_template: 'Problem: {task}'}\n",
+            "agents.0.nme: unknown key; did you mean agents.0.name?",  # not also name: missing
+        ),
+        (
+            "eval: {samples: 4, temperature: 0}\n",
+            "eval: samples > 1 needs temperature > 0 (greedy samples are identical)",
+        ),
+    ],
+)
+def test_one_problem_is_one_line_in_its_own_words(tmp_path: Path, text: str, problem: str) -> None:
+    """A misspelt key is one problem, not also the key it meant missing; a validator's
+    message comes without pydantic's "Value error, " before it."""
+    path = write_yaml(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: {problem}"
+
+
 def test_missing_file() -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config("/nonexistent/run.yaml")

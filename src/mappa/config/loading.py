@@ -131,19 +131,36 @@ def _override_loc(tree: dict[str, Any], override: str) -> tuple[Any, ...] | None
     return tuple(loc)
 
 
-def _format_errors(err: ValidationError, source: str, overrides: dict[tuple[Any, ...], str]) -> str:
+def format_errors(
+    err: ValidationError,
+    source: str,
+    overrides: dict[tuple[Any, ...], str] | None = None,
+    root: type[BaseModel] = RunConfig,
+    kind: str = "configuration",
+) -> str:
     """One line per problem, naming where it came from: the override that set the key
-    (``overrides``, by location), else the key in the file ``source``; an unknown key gets
-    the closest valid one. One problem is one line; several follow a header naming the file
-    (or the overrides, when they are all the overrides')."""
+    (``overrides``, by location), else the key in the file ``source`` (a ``root`` file: a
+    run config, or an experiment file); an unknown key gets the closest valid one, and the
+    missing key it most likely means is not reported again (``seed:`` for ``seeds:`` is one
+    typo, not two problems). One problem is one line; several follow a header naming the
+    file (``invalid <kind>``), or the overrides, when they are all the overrides'."""
+    overrides = overrides or {}
+    errors = err.errors()
+    meant = {
+        i: closest_key(tuple(e["loc"]), root)
+        for i, e in enumerate(errors)
+        if e["type"] == "extra_forbidden"
+    }
     problems = []
-    for e in err.errors():
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            near = closest_key(e["loc"])
-            msg = "unknown key" + (f"; did you mean {near}?" if near else "")
+    for i, e in enumerate(errors):
         loc = tuple(e["loc"])
         key = ".".join(str(p) for p in loc) or "(top level)"
+        if e["type"] == "missing" and key in meant.values():
+            continue
+        if i in meant:
+            msg = "unknown key" + (f"; did you mean {meant[i]}?" if meant[i] else "")
+        else:  # a validator's ValueError reads "Value error, <its message>"
+            msg = e["msg"].removeprefix("Value error, ")
         given = next((o for n in range(len(loc), 0, -1) if (o := overrides.get(loc[:n]))), None)
         if given is None:
             problems.append((key, msg, False))
@@ -154,7 +171,7 @@ def _format_errors(err: ValidationError, source: str, overrides: dict[tuple[Any,
         where, msg, overridden = problems[0]
         return f"{where}: {msg}" if overridden else f"{source}: {where}: {msg}"
     in_file = not all(overridden for *_, overridden in problems)
-    header = f"{source}: invalid configuration" if in_file else "invalid overrides"
+    header = f"{source}: invalid {kind}" if in_file else "invalid overrides"
     return "\n".join([header, *(f"  {where}: {msg}" for where, msg, _ in problems)])
 
 
@@ -272,7 +289,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         return RunConfig.model_validate(raw)
     except ValidationError as err:
         locs = {at: o for o in overrides or [] if (at := _override_loc(raw, o)) is not None}
-        raise ConfigError(_format_errors(err, str(path), locs)) from None
+        raise ConfigError(format_errors(err, str(path), locs)) from None
 
 
 def resolve_beside(file: str, config_dir: Path) -> str:
