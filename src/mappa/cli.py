@@ -451,15 +451,13 @@ def _experiment_keys(path: Path) -> list[str]:
     ``base``): none for a run config, or for a file load_config will say is broken."""
     import yaml
 
-    from mappa.experiment.spec import ExperimentConfig
+    from mappa.experiment.spec import experiment_keys
 
     try:
         raw = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
         return []  # load_config says what is wrong with it
-    fields = ExperimentConfig.model_fields
-    own = [k for k, f in fields.items() if f.is_required() and k not in RunConfig.model_fields]
-    return [k for k in own if k in raw] if isinstance(raw, dict) else []
+    return experiment_keys(raw)
 
 
 def _check_config(args: argparse.Namespace) -> tuple[RunConfig, LocalServer | None]:
