@@ -239,3 +239,31 @@ def test_a_number_out_of_range_is_refused_before_anything_loads(
         main(argv)
     assert exit_.value.code == 2
     assert _one_line_error(capsys) == f"{error}; see {error.split(':')[0]} --help"
+
+
+@pytest.mark.parametrize("name", ["smoke", "smoke.yaml"])
+def test_config_takes_the_name_of_a_shipped_config(
+    name: str, monkeypatch: pytest.MonkeyPatch, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As an experiment's ``base:`` does; --help calls the default config ``demo``."""
+    seen: list[str] = []
+    monkeypatch.setattr("mappa.cli._train", _fake_train(capsys, seen))
+    assert main(["train", "--config", name, "run_dir=runs/here"]) == 0
+    assert seen[0].startswith(f"mappa train: config {shipped_configs() / 'smoke.yaml'}: ")
+
+
+def test_a_config_that_is_no_file_says_what_it_is_and_which_names_there_are(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = ", ".join(sorted(p.stem for p in shipped_configs().glob("*.yaml")))
+    assert "demo" in names and "smoke" in names
+    assert main(["train", "--config", "smok"]) == 2
+    assert _one_line_error(capsys) == (
+        f"mappa: --config smok: no such file, nor a shipped config; give a config YAML file or "
+        f"one of {names}"
+    )
+    assert main(["eval", "--config", str(tmp_path)]) == 2
+    assert _one_line_error(capsys) == (
+        f"mappa: --config {tmp_path}: is a directory; give a config YAML file or one of {names}"
+    )
+

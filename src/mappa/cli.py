@@ -468,7 +468,7 @@ def _check_config(args: argparse.Namespace) -> tuple[RunConfig, LocalServer | No
     the experiment's server) points the HTTP coach at the server."""
     from mappa.run import preflight
 
-    path = args.config
+    path = None if args.config is None else _config_file(args.config)
     if path is None and args.episodes is not None:
         run_dir = args.episodes if args.episodes.is_dir() else args.episodes.parent
         if (run_dir / "config.yaml").is_file():
@@ -643,6 +643,34 @@ def _coach_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_file(given: Path) -> Path:
+    """``--config``: a file, else the name of a config shipped with mappa (``demo``, which
+    ``--help`` names the default; an experiment's ``base:`` takes the same names).
+    ``ConfigError`` says what ``given`` is instead, and which names there are."""
+    from mappa.experiment.spec import shipped_config, shipped_config_names
+
+    if given.is_file():
+        return given
+    shipped = None if given.is_dir() else shipped_config(str(given))
+    if shipped is not None:
+        return shipped
+    what = "is a directory" if given.is_dir() else "no such file, nor a shipped config"
+    raise ConfigError(
+        f"--config {given}: {what}; give a config YAML file or one of "
+        f"{', '.join(shipped_config_names())}"
+    )
+
+
+def _config_path(given: Path | None, resume: Path | None, adapters: Path | None) -> Path:
+    """The run config train or eval reads: ``--config``, else the resumed run's, else that
+    of the run ``--adapters`` points into, else the demo's."""
+    if given is not None:
+        return _config_file(given)
+    if resume is not None:
+        return resume / "config.yaml"
+    return _run_config(adapters) or default_config()
+
+
 def _run_config(adapters: Path | None) -> Path | None:
     """The training run's own config, when ``--adapters`` points into a run directory."""
     if adapters is None:
@@ -773,10 +801,9 @@ def main(argv: list[str] | None = None) -> int:
         return _coach_check(args)
     adapters = getattr(args, "adapters", None)
     resume = getattr(args, "resume", None)
-    resumed = resume / "config.yaml" if resume is not None else None
-    config_path = args.config or resumed or _run_config(adapters) or default_config()
     dry_run = getattr(args, "dry_run", False)
     try:
+        config_path = _config_path(args.config, resume, adapters)
         if keys := _experiment_keys(config_path):
             raise ConfigError(
                 f"{config_path} is an experiment file (it has {', '.join(keys)}); run it "
@@ -798,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "eval":
             adapters = _checked_adapters(adapters, [a.name for a in cfg.agents])
             _eval_flags(cfg, args)
-    except (ConfigError, ValueError, FileNotFoundError) as err:
+    except (ConfigError, ValueError, OSError) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
     if dry_run:

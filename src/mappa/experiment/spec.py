@@ -164,18 +164,27 @@ def shipped_configs() -> Path:
     return Path(str(resources.files("mappa") / "configs"))
 
 
+def shipped_config_names() -> list[str]:
+    return sorted(p.stem for p in shipped_configs().glob("*.yaml"))
+
+
+def shipped_config(name: str) -> Path | None:
+    """The config shipped with mappa called ``name`` (``smoke``, or ``smoke.yaml``), if any."""
+    path = shipped_configs() / f"{name.removesuffix('.yaml')}.yaml"
+    return path if path.is_file() else None
+
+
 def base_config_path(base: str, experiment_file: Path) -> Path:
     """``base`` relative to the experiment file, else a shipped config by name."""
     relative = experiment_file.parent / base
     if relative.is_file():
         return relative
-    shipped = shipped_configs() / f"{base.removesuffix('.yaml')}.yaml"
-    if shipped.is_file():
+    shipped = shipped_config(base)
+    if shipped is not None:
         return shipped
-    names = sorted(p.stem for p in shipped_configs().glob("*.yaml"))
     raise ExperimentError(
         f"{experiment_file}: base {base!r} is neither a file next to it ({relative}) nor a "
-        f"shipped config {names}"
+        f"shipped config {shipped_config_names()}"
     )
 
 
