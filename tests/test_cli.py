@@ -267,3 +267,16 @@ def test_a_config_that_is_no_file_says_what_it_is_and_which_names_there_are(
         f"mappa: --config {tmp_path}: is a directory; give a config YAML file or one of {names}"
     )
 
+
+def test_resume_says_what_the_path_is_instead_of_a_run(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "notes.txt"
+    file.write_text("")
+    for path, problem in [
+        (tmp_path / "missing", "no such run directory"),
+        (file, "is a file; give a run directory"),
+        (tmp_path, "not a training run (no config.yaml)"),
+    ]:
+        assert main(["train", "--resume", str(path)]) == 2
+        assert _one_line_error(capsys) == f"mappa: {path}: {problem}"

@@ -664,10 +664,12 @@ def _config_file(given: Path) -> Path:
 def _config_path(given: Path | None, resume: Path | None, adapters: Path | None) -> Path:
     """The run config train or eval reads: ``--config``, else the resumed run's, else that
     of the run ``--adapters`` points into, else the demo's."""
+    from mappa.paths import run_config_file
+
     if given is not None:
         return _config_file(given)
     if resume is not None:
-        return resume / "config.yaml"
+        return run_config_file(resume)
     return _run_config(adapters) or default_config()
 
 

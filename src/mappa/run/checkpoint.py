@@ -46,6 +46,7 @@ import yaml
 
 from mappa.config import RESUMABLE_KEYS, RunConfig
 from mappa.jsonl import truncate_jsonl
+from mappa.paths import run_config_file
 from mappa.rng import as_tuples, set_torch_rng_state, torch_rng_state
 from mappa.run.models import AdapterStore, Stateful
 
@@ -291,9 +292,7 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
     Raises ``ValueError`` for a config that differs in anything but ``train.steps`` (naming
     the keys) and ``FileNotFoundError`` for a directory without a run or a checkpoint.
     """
-    config = run_dir / "config.yaml"
-    if not config.is_file():
-        raise FileNotFoundError(f"{run_dir}: no config.yaml; not a training run")
+    config = run_config_file(run_dir)
     resumable_checkpoint(run_dir)
     saved = yaml.safe_load(config.read_text()) or {}
     diff = config_changes(saved, cfg)
