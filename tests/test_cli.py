@@ -3,12 +3,14 @@ fix, all raised before any model loads."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 import mappa
 from mappa.cli import default_config, main
@@ -280,3 +282,33 @@ def test_resume_says_what_the_path_is_instead_of_a_run(
     ]:
         assert main(["train", "--resume", str(path)]) == 2
         assert _one_line_error(capsys) == f"mappa: {path}: {problem}"
+
+
+def _finished_run(run_dir: Path, steps: int) -> Path:
+    """A run dir as ``mappa train`` leaves one after ``steps`` steps of the demo config: its
+    config.yaml and its final checkpoint (taken as it is: no checksums recorded)."""
+    cfg = load_config(default_config(), [f"train.steps={steps}", f"run_dir={run_dir}"])
+    (run_dir / "checkpoints" / f"step-{steps:06d}").mkdir(parents=True)
+    (run_dir / "checkpoints" / f"step-{steps:06d}" / "checkpoint.json").write_text(
+        json.dumps({"step": steps})
+    )
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    return run_dir
+
+
+def test_resuming_with_another_config_names_the_keys_in_one_short_line(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The smoke config differs from the demo's in its agents (a screenful each) and a
+    dozen other keys: the first few are named, long values left out, the rest counted."""
+    run_dir = _finished_run(tmp_path / "run", 2)
+    smoke = str(shipped_configs() / "smoke.yaml")
+    assert main(["train", "--resume", str(run_dir), "--config", smoke]) == 2
+    error = _one_line_error(capsys)
+    assert error.startswith(f"mappa: {run_dir}: the config differs from the run's config.yaml in ")
+    assert "agents, " in error and re.search(r"\(\S+ -> \S+\)", error)
+    assert re.search(r" and \d+ more; ", error) and len(error) < 400
+    assert error.endswith(
+        "resume with the run's own config, changing only keys `mappa train --help` lists under "
+        "--resume"
+    )

@@ -286,21 +286,33 @@ def config_differences(saved: Mapping[str, Any], cfg: RunConfig) -> list[str]:
     return list(config_changes(saved, cfg))
 
 
+def _changes(diff: Mapping[str, tuple[Any, Any]], most: int = 5) -> str:
+    """The first ``most`` differing keys, each with its two values where they are short (a
+    config's agents are a screenful), and how many more there are."""
+    shown = []
+    for key, (old, new) in list(diff.items())[:most]:
+        values = f"{old!r} -> {new!r}"
+        shown.append(f"{key} ({values})" if len(values) <= 40 else key)
+    more = f" and {len(diff) - most} more" if len(diff) > most else ""
+    return ", ".join(shown) + more
+
+
 def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
     """The run's saved config, if ``run_dir`` can be resumed with ``cfg``.
 
-    Raises ``ValueError`` for a config that differs in anything but ``train.steps`` (naming
-    the keys) and ``FileNotFoundError`` for a directory without a run or a checkpoint.
+    Raises ``ValueError`` for a config that differs in anything but the resumable keys
+    (naming the keys) and ``FileNotFoundError`` for a directory without a run or a
+    checkpoint.
     """
     config = run_config_file(run_dir)
     resumable_checkpoint(run_dir)
     saved = yaml.safe_load(config.read_text()) or {}
     diff = config_changes(saved, cfg)
     if diff:
-        shown = ", ".join(f"{k} ({old!r} -> {new!r})" for k, (old, new) in diff.items())
         raise ValueError(
-            f"{run_dir}: the config differs from the run's config.yaml in {shown}; only "
-            f"{', '.join(sorted(RESUMABLE_KEYS))} may change on resume"
+            f"{run_dir}: the config differs from the run's config.yaml in {_changes(diff)}; "
+            "resume with the run's own config, changing only keys `mappa train --help` "
+            "lists under --resume"
         )
     return dict(saved)
 
