@@ -296,6 +296,19 @@ def _finished_run(run_dir: Path, steps: int) -> Path:
     return run_dir
 
 
+def test_resuming_a_finished_run_says_how_to_extend_it_before_loading(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _finished_run(tmp_path / "run", 2)
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    assert _one_line_error(capsys) == (
+        f"mappa: {run_dir}: the run already did 2 steps (train.steps=2); to extend it, resume "
+        "with train.steps=M, M > 2"
+    )
+    assert main(["train", "--resume", str(run_dir), "train.steps=1"]) == 2
+    assert "already did 2 steps (train.steps=1)" in _one_line_error(capsys)
+
+
 def test_resuming_with_another_config_names_the_keys_in_one_short_line(
     tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
 ) -> None:

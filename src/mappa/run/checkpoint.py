@@ -301,11 +301,12 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
     """The run's saved config, if ``run_dir`` can be resumed with ``cfg``.
 
     Raises ``ValueError`` for a config that differs in anything but the resumable keys
-    (naming the keys) and ``FileNotFoundError`` for a directory without a run or a
-    checkpoint.
+    (naming the keys) or a run that already did ``cfg.train.steps`` (nothing to resume:
+    the models would load to do nothing), and ``FileNotFoundError`` for a directory
+    without a run or a checkpoint.
     """
     config = run_config_file(run_dir)
-    resumable_checkpoint(run_dir)
+    ckpt = resumable_checkpoint(run_dir)
     saved = yaml.safe_load(config.read_text()) or {}
     diff = config_changes(saved, cfg)
     if diff:
@@ -313,6 +314,12 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
             f"{run_dir}: the config differs from the run's config.yaml in {_changes(diff)}; "
             "resume with the run's own config, changing only keys `mappa train --help` "
             "lists under --resume"
+        )
+    done = _step(ckpt)
+    if done >= cfg.train.steps:
+        raise ValueError(
+            f"{run_dir}: the run already did {done} steps (train.steps={cfg.train.steps}); "
+            f"to extend it, resume with train.steps=M, M > {done}"
         )
     return dict(saved)
 
@@ -336,7 +343,10 @@ def write_atomic(path: Path, text: str) -> None:
 
 def steps_done(run_dir: Path) -> int:
     """The steps done by the checkpoint ``restore`` loads (``resumable_checkpoint``)."""
-    ckpt = resumable_checkpoint(run_dir)
+    return _step(resumable_checkpoint(run_dir))
+
+
+def _step(ckpt: Path) -> int:
     return int(json.loads((ckpt / "checkpoint.json").read_text())["step"])
 
 
