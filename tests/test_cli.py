@@ -325,3 +325,59 @@ def test_resuming_with_another_config_names_the_keys_in_one_short_line(
         "resume with the run's own config, changing only keys `mappa train --help` lists under "
         "--resume"
     )
+
+
+def test_a_bare_eval_says_what_it_will_evaluate_before_loading(
+    monkeypatch: pytest.MonkeyPatch, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[str] = []
+
+    def fake(cfg: RunConfig, job: object) -> int:
+        seen.append(capsys.readouterr().out)
+        return 0
+
+    monkeypatch.setattr("mappa.cli._eval", fake)
+    assert main(["eval"]) == 0
+    cfg = load_config(default_config())
+    assert seen == [
+        f"mappa eval: the demo config {default_config()} (no --config given): "
+        f"{cfg.model.path} untrained (no --adapters) on {cfg.eval.num_tasks} tasks from "
+        "arithmetic (held out), output dir runs/eval-base\n"
+    ]
+    seen.clear()
+    assert main(["eval", "--config", "smoke", "--limit", "3", "--out", "here"]) == 0
+    [line] = seen
+    assert line.startswith(f"mappa eval: config {shipped_configs() / 'smoke.yaml'}: ")
+    assert line.endswith(" on 3 tasks from arithmetic (held out), output dir here\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (
+            ["eval", "--tasks", "{tmp}/missing.json"],
+            "--tasks: {tmp}/missing.json: no such task file or dataset directory",
+        ),
+        (  # the held-out set's column keys are eval.*; a row without answer is not graded
+            ["eval", "--tasks", "{tmp}/questions.jsonl"],
+            "--tasks: {tmp}/questions.jsonl: line 1 has no 'answer' or 'final_answer' answer; "
+            "its columns: prompt. Name the answer's column with eval.answer_field, or set "
+            "tasks.require_answers: false for tasks without one (left out of the accuracy).",
+        ),
+        (
+            ["train", "tasks.source=arithmetc"],
+            "tasks.source: arithmetc: no such task file or dataset directory; did you mean "
+            "arithmetic?",
+        ),
+    ],
+)
+def test_a_task_source_that_cannot_load_names_its_flag_or_key(
+    argv: list[str],
+    error: str,
+    tmp_path: Path,
+    no_model: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "questions.jsonl").write_text('{"prompt": "1+1?"}\n')
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    assert _one_line_error(capsys) == f"mappa: {error.format(tmp=tmp_path)}"

@@ -16,6 +16,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from pathlib import Path
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from mappa.coach.context import CoachContext
     from mappa.coach.servers import LocalServer
     from mappa.records import Score
+    from mappa.tasks import Task
 
 
 def default_config() -> Path:
@@ -328,11 +330,15 @@ def _train(cfg: RunConfig, resume: Path | None) -> int:
     return 0
 
 
-def _train_plan(cfg: RunConfig, config: Path, demo: bool, resume: Path | None) -> str:
+def _which_config(config: Path, demo: bool) -> str:
+    """The config as the plan lines name it (a bare ``mappa train`` or ``mappa eval`` runs
+    the demo, which a newcomer may not expect)."""
+    return f"the demo config {config} (no --config given)" if demo else f"config {config}"
+
+
+def _train_plan(cfg: RunConfig, which: str, resume: Path | None) -> str:
     """The line ``mappa train`` prints before it loads anything: which config, how many
-    steps, where the run goes (a bare ``mappa train`` runs the demo, which a newcomer may
-    not expect)."""
-    which = f"the demo config {config} (no --config given)" if demo else f"config {config}"
+    steps, where the run goes."""
     where = f"continuing {resume}" if resume is not None else f"run dir {cfg.run_dir}"
     return f"mappa train: {which}: {cfg.train.steps} steps with {cfg.model.path}, {where}"
 
@@ -385,22 +391,65 @@ def _checked_adapters(adapters: Path | None, agents: list[str]) -> Path | None:
     return adapters
 
 
-def _eval(cfg: RunConfig, args: argparse.Namespace, adapters: Path | None) -> int:
-    from mappa.run.evaluation import checked_heldout, evaluate_model
+@dataclass(frozen=True)
+class _EvalJob:
+    """What ``mappa eval`` evaluates, read and checked before any model loads: the tasks
+    and where they come from, where the results go, the adapters (None: the untrained
+    base) and the base model that loads (the one the adapters name, else model.path)."""
 
+    tasks: list[Task]
+    source: str
+    out: Path
+    adapters: Path | None
+    model: str
+
+    def plan(self, which: str) -> str:
+        """The line ``mappa eval`` prints before it loads anything, as ``mappa train``
+        does: the load takes a while, and a bare ``mappa eval`` evaluates the demo."""
+        team = (
+            "untrained (no --adapters)"
+            if self.adapters is None
+            else f"with the adapters in {self.adapters}"
+        )
+        return (
+            f"mappa eval: {which}: {self.model} {team} on {len(self.tasks)} tasks from "
+            f"{self.source}, output dir {self.out}"
+        )
+
+
+def _eval_job(cfg: RunConfig, args: argparse.Namespace) -> _EvalJob:
+    """``--adapters``, the sampling flags and the tasks, checked; an error of the tasks
+    ``--tasks`` names (a missing or malformed file, problems also in the training set)
+    names the flag."""
+    from mappa.run.evaluation import adapter_base, checked_heldout
+
+    adapters = _checked_adapters(args.adapters, [a.name for a in cfg.agents])
+    _eval_flags(cfg, args)
     try:
         tasks = checked_heldout(cfg, args.tasks, args.limit)
-    except (ValueError, OSError) as err:  # missing files, SplitOverlapError
-        print(f"mappa: {err}", file=sys.stderr)
-        return 2
-    out = args.out or (adapters.parent if adapters is not None else Path("runs/eval-base"))
-    source = args.tasks or cfg.eval.source or "arithmetic (held out)"
-    result = evaluate_model(cfg, tasks, out, source, adapters)
+    except (ValueError, OSError) as err:
+        if args.tasks is None:
+            raise
+        raise ValueError(f"--tasks: {err}") from None
+    base = None if adapters is None else adapter_base(adapters, cfg.agents[0].name)
+    return _EvalJob(
+        tasks,
+        args.tasks or cfg.eval.source or "arithmetic (held out)",
+        args.out or (adapters.parent if adapters is not None else Path("runs/eval-base")),
+        adapters,
+        base or cfg.model.path,
+    )
+
+
+def _eval(cfg: RunConfig, job: _EvalJob) -> int:
+    from mappa.run.evaluation import evaluate_model
+
+    result = evaluate_model(cfg, job.tasks, job.out, job.source, job.adapters)
     shown = {k: v for k, v in result.items() if k != "per_task"}
     width = max(len(k) for k in shown)
     for key, value in shown.items():
         print(f"{key:<{width}}  {_fmt(value)}")
-    print(f"{'written':<{width}}  {out / 'eval.json'}")
+    print(f"{'written':<{width}}  {job.out / 'eval.json'}")
     return 0
 
 
@@ -801,11 +850,11 @@ def main(argv: list[str] | None = None) -> int:
         return _push(args)
     if args.command == "coach-check":  # its config may be an experiment's, or the run's
         return _coach_check(args)
-    adapters = getattr(args, "adapters", None)
     resume = getattr(args, "resume", None)
     dry_run = getattr(args, "dry_run", False)
+    eval_job = None
     try:
-        config_path = _config_path(args.config, resume, adapters)
+        config_path = _config_path(args.config, resume, getattr(args, "adapters", None))
         if keys := _experiment_keys(config_path):
             raise ConfigError(
                 f"{config_path} is an experiment file (it has {', '.join(keys)}); run it "
@@ -825,19 +874,20 @@ def main(argv: list[str] | None = None) -> int:
 
             check_resumable(resume, cfg)
         if args.command == "eval":
-            adapters = _checked_adapters(adapters, [a.name for a in cfg.agents])
-            _eval_flags(cfg, args)
+            eval_job = _eval_job(cfg, args)
     except (ConfigError, ValueError, OSError) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
     if dry_run:
         print("mappa: the config passed every check (--dry-run: nothing was run)")
         return 0
-    if args.command == "train":
-        demo = args.config is None and resume is None
+    which = _which_config(config_path, args.config is None and config_path == default_config())
+    if eval_job is not None:
+        print(eval_job.plan(which), flush=True)
+    else:
         if resume is None:  # the run dir announced is the one the run writes to
             cfg.run_dir = expand_run_dir(cfg.run_dir)
-        print(_train_plan(cfg, config_path, demo, resume), flush=True)
+        print(_train_plan(cfg, which, resume), flush=True)
     _setup_logging()
     from mappa.coach import CoachFatalError
     from mappa.models.sync_probe import StaleAdapterError
@@ -846,9 +896,7 @@ def main(argv: list[str] | None = None) -> int:
     from mappa.workflow.function import WorkflowFailed
 
     try:
-        if args.command == "train":
-            return _train(cfg, resume)
-        return _eval(cfg, args, adapters)
+        return _train(cfg, resume) if eval_job is None else _eval(cfg, eval_job)
     except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkflowFailed) as err:
         print(_stopped(err), file=sys.stderr)
         return 1
