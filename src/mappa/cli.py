@@ -100,11 +100,11 @@ def _parser() -> argparse.ArgumentParser:
         ),
     ]:
         s = sub.add_parser(name, help=help_text)
-        config_help = "run config YAML (default: demo)"
+        config_help = "run config YAML, or a shipped config's name such as smoke (default: demo)"
         if name == "coach-check":
             config_help = (
-                "run config YAML or experiment file (default: with --episodes the run's "
-                "config.yaml, else demo)"
+                "run config YAML (or a shipped config's name) or experiment file (default: "
+                "with --episodes the run's config.yaml, else demo)"
             )
         s.add_argument("--config", type=Path, default=None, help=config_help)
         s.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. rl.lr=1e-5")
