@@ -381,3 +381,30 @@ def test_a_task_source_that_cannot_load_names_its_flag_or_key(
     (tmp_path / "questions.jsonl").write_text('{"prompt": "1+1?"}\n')
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     assert _one_line_error(capsys) == f"mappa: {error.format(tmp=tmp_path)}"
+
+
+@pytest.mark.parametrize(
+    ("command", "text", "fix"),
+    [
+        (["train", "--config"], "rl:\n  lr: [1, 2\n", "; fix the YAML syntax"),
+        (["eval", "--config"], "# nothing yet\n", "or omit --config for the demo config"),
+        (["experiment"], "rl: {lr: 0.001}\n", "run it with: mappa train --config {path}"),
+        (["experiment"], "", "an experiment names its base, seeds and arms (docs/experiments.md)"),
+        (["experiment"], "base: smoke\nseeds: [0\n", "; fix the YAML syntax"),
+    ],
+)
+def test_a_file_that_is_not_what_the_command_reads_is_one_line(
+    command: list[str],
+    text: str,
+    fix: str,
+    tmp_path: Path,
+    no_model: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A YAML syntax error, an empty file, a run config given as an experiment: the file
+    named, the fix said, nothing loaded."""
+    path = tmp_path / "file.yaml"
+    path.write_text(text)
+    assert main([*command, str(path)]) == 2
+    error = _one_line_error(capsys)
+    assert error.startswith(f"mappa: {path}") and error.endswith(fix.format(path=path))
