@@ -3,12 +3,14 @@ fix, all raised before any model loads."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 import mappa
 from mappa.cli import default_config, main
@@ -161,3 +163,248 @@ def test_a_bare_train_says_what_it_will_run_before_loading(
     assert main(["train", "train.steps=3"]) == 0
     [line] = seen
     assert "{time}" not in line and re.search(r"run dir runs/demo-\d{8}-\d{6}\n$", line)
+
+
+def test_overrides_are_taken_after_options_too(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's ``mappa experiment EXPERIMENT.yaml [--out DIR] [key.path=value ...]``:
+    an override after an option reaches the runs (its typo is named as an override)."""
+    path = shipped_configs() / "experiments" / "credit_controls_cpu.yaml"
+    out = tmp_path / "out"
+    assert main(["experiment", str(path), "--out", str(out), "rl.kl_betta=0.1"]) == 2
+    assert "override rl.kl_betta=0.1: unknown key; did you mean rl.kl_beta?" in (
+        _one_line_error(capsys)
+    )
+    assert not out.exists()
+    demo = str(default_config())
+    assert main(["train", "train.steps=1", "--config", demo, "rl.kl_betta=0.1"]) == 2
+    assert _one_line_error(capsys).startswith("mappa: override rl.kl_betta=0.1: unknown key")
+
+
+def test_an_unknown_argument_is_still_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "train.steps=1", "--bogus", "extra"])
+    assert exit_.value.code == 2
+    assert _one_line_error(capsys) == (
+        "mappa: unrecognized arguments: --bogus extra; see mappa --help"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["trian"], "mappa: argument command: invalid choice: 'trian' (did you mean train?)"),
+        (
+            ["coach-serve", "--server", "llamcpp"],
+            "mappa coach-serve: argument --server: invalid choice: 'llamcpp' (did you mean "
+            "llamacpp?)",
+        ),
+    ],
+)
+def test_a_mistyped_choice_names_the_closest(
+    argv: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert _one_line_error(capsys).startswith(f"{error}; see mappa")
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["eval", "--limit", "0"], "mappa eval: argument --limit: 0: give at least 1"),
+        (["eval", "--limit", "-1"], "mappa eval: argument --limit: -1: give at least 1"),
+        (
+            ["coach-check", "--episodes", "runs/x", "--limit", "0"],
+            "mappa coach-check: argument --limit: 0: give at least 1",
+        ),
+        (
+            ["coach-serve", "--port", "99999"],
+            "mappa coach-serve: argument --port: 99999: give 0-65535 (0: a free port)",
+        ),
+    ],
+)
+def test_a_number_out_of_range_is_refused_before_anything_loads(
+    argv: list[str],
+    error: str,
+    monkeypatch: pytest.MonkeyPatch,
+    no_model: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a coach server was made")
+
+    monkeypatch.setattr("mappa.coach.servers.make_server", refuse)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert _one_line_error(capsys) == f"{error}; see {error.split(':')[0]} --help"
+
+
+@pytest.mark.parametrize("name", ["smoke", "smoke.yaml"])
+def test_config_takes_the_name_of_a_shipped_config(
+    name: str, monkeypatch: pytest.MonkeyPatch, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As an experiment's ``base:`` does; --help calls the default config ``demo``."""
+    seen: list[str] = []
+    monkeypatch.setattr("mappa.cli._train", _fake_train(capsys, seen))
+    assert main(["train", "--config", name, "run_dir=runs/here"]) == 0
+    assert seen[0].startswith(f"mappa train: config {shipped_configs() / 'smoke.yaml'}: ")
+
+
+def test_a_config_that_is_no_file_says_what_it_is_and_which_names_there_are(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = ", ".join(sorted(p.stem for p in shipped_configs().glob("*.yaml")))
+    assert "demo" in names and "smoke" in names
+    assert main(["train", "--config", "smok"]) == 2
+    assert _one_line_error(capsys) == (
+        f"mappa: --config smok: no such file, nor a shipped config; give a config YAML file or "
+        f"one of {names}"
+    )
+    assert main(["eval", "--config", str(tmp_path)]) == 2
+    assert _one_line_error(capsys) == (
+        f"mappa: --config {tmp_path}: is a directory; give a config YAML file or one of {names}"
+    )
+
+
+def test_resume_says_what_the_path_is_instead_of_a_run(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "notes.txt"
+    file.write_text("")
+    for path, problem in [
+        (tmp_path / "missing", "no such run directory"),
+        (file, "is a file; give a run directory"),
+        (tmp_path, "not a training run (no config.yaml)"),
+    ]:
+        assert main(["train", "--resume", str(path)]) == 2
+        assert _one_line_error(capsys) == f"mappa: {path}: {problem}"
+
+
+def _finished_run(run_dir: Path, steps: int) -> Path:
+    """A run dir as ``mappa train`` leaves one after ``steps`` steps of the demo config: its
+    config.yaml and its final checkpoint (taken as it is: no checksums recorded)."""
+    cfg = load_config(default_config(), [f"train.steps={steps}", f"run_dir={run_dir}"])
+    (run_dir / "checkpoints" / f"step-{steps:06d}").mkdir(parents=True)
+    (run_dir / "checkpoints" / f"step-{steps:06d}" / "checkpoint.json").write_text(
+        json.dumps({"step": steps})
+    )
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    return run_dir
+
+
+def test_resuming_a_finished_run_says_how_to_extend_it_before_loading(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _finished_run(tmp_path / "run", 2)
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    assert _one_line_error(capsys) == (
+        f"mappa: {run_dir}: the run already did 2 steps (train.steps=2); to extend it, resume "
+        "with train.steps=M, M > 2"
+    )
+    assert main(["train", "--resume", str(run_dir), "train.steps=1"]) == 2
+    assert "already did 2 steps (train.steps=1)" in _one_line_error(capsys)
+
+
+def test_resuming_with_another_config_names_the_keys_in_one_short_line(
+    tmp_path: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The smoke config differs from the demo's in its agents (a screenful each) and a
+    dozen other keys: the first few are named, long values left out, the rest counted."""
+    run_dir = _finished_run(tmp_path / "run", 2)
+    smoke = str(shipped_configs() / "smoke.yaml")
+    assert main(["train", "--resume", str(run_dir), "--config", smoke]) == 2
+    error = _one_line_error(capsys)
+    assert error.startswith(f"mappa: {run_dir}: the config differs from the run's config.yaml in ")
+    assert "agents, " in error and re.search(r"\(\S+ -> \S+\)", error)
+    assert re.search(r" and \d+ more; ", error) and len(error) < 400
+    assert error.endswith(
+        "resume with the run's own config, changing only keys `mappa train --help` lists under "
+        "--resume"
+    )
+
+
+def test_a_bare_eval_says_what_it_will_evaluate_before_loading(
+    monkeypatch: pytest.MonkeyPatch, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[str] = []
+
+    def fake(cfg: RunConfig, job: object) -> int:
+        seen.append(capsys.readouterr().out)
+        return 0
+
+    monkeypatch.setattr("mappa.cli._eval", fake)
+    assert main(["eval"]) == 0
+    cfg = load_config(default_config())
+    assert seen == [
+        f"mappa eval: the demo config {default_config()} (no --config given): "
+        f"{cfg.model.path} untrained (no --adapters) on {cfg.eval.num_tasks} tasks from "
+        "arithmetic (held out), output dir runs/eval-base\n"
+    ]
+    seen.clear()
+    assert main(["eval", "--config", "smoke", "--limit", "3", "--out", "here"]) == 0
+    [line] = seen
+    assert line.startswith(f"mappa eval: config {shipped_configs() / 'smoke.yaml'}: ")
+    assert line.endswith(" on 3 tasks from arithmetic (held out), output dir here\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (
+            ["eval", "--tasks", "{tmp}/missing.json"],
+            "--tasks: {tmp}/missing.json: no such task file or dataset directory",
+        ),
+        (  # the held-out set's column keys are eval.*; a row without answer is not graded
+            ["eval", "--tasks", "{tmp}/questions.jsonl"],
+            "--tasks: {tmp}/questions.jsonl: line 1 has no 'answer' or 'final_answer' answer; "
+            "its columns: prompt. Name the answer's column with eval.answer_field, or set "
+            "tasks.require_answers: false for tasks without one (left out of the accuracy).",
+        ),
+        (
+            ["train", "tasks.source=arithmetc"],
+            "tasks.source: arithmetc: no such task file or dataset directory; did you mean "
+            "arithmetic?",
+        ),
+    ],
+)
+def test_a_task_source_that_cannot_load_names_its_flag_or_key(
+    argv: list[str],
+    error: str,
+    tmp_path: Path,
+    no_model: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "questions.jsonl").write_text('{"prompt": "1+1?"}\n')
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    assert _one_line_error(capsys) == f"mappa: {error.format(tmp=tmp_path)}"
+
+
+@pytest.mark.parametrize(
+    ("command", "text", "fix"),
+    [
+        (["train", "--config"], "rl:\n  lr: [1, 2\n", "; fix the YAML syntax"),
+        (["eval", "--config"], "# nothing yet\n", "or omit --config for the demo config"),
+        (["experiment"], "rl: {lr: 0.001}\n", "run it with: mappa train --config {path}"),
+        (["experiment"], "", "an experiment names its base, seeds and arms (docs/experiments.md)"),
+        (["experiment"], "base: smoke\nseeds: [0\n", "; fix the YAML syntax"),
+    ],
+)
+def test_a_file_that_is_not_what_the_command_reads_is_one_line(
+    command: list[str],
+    text: str,
+    fix: str,
+    tmp_path: Path,
+    no_model: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A YAML syntax error, an empty file, a run config given as an experiment: the file
+    named, the fix said, nothing loaded."""
+    path = tmp_path / "file.yaml"
+    path.write_text(text)
+    assert main([*command, str(path)]) == 2
+    error = _one_line_error(capsys)
+    assert error.startswith(f"mappa: {path}") and error.endswith(fix.format(path=path))

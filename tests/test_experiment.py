@@ -21,7 +21,7 @@ from mappa.experiment import ExperimentError
 from mappa.experiment.markdown import results_markdown
 from mappa.experiment.results import TRAIN_WINDOW, RunRecord, summarize
 from mappa.experiment.runner import Experiment
-from mappa.experiment.spec import load_experiment, plan_runs
+from mappa.experiment.spec import load_experiment, plan_runs, shipped_configs
 from mappa.provenance import note_code, source_revision
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
@@ -246,8 +246,37 @@ def test_bad_experiments_are_refused_naming_the_problem(
     raw = yaml.safe_load(textwrap.dedent(GOOD)) | change
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(raw))
-    with pytest.raises(ExperimentError, match=message):
+    with pytest.raises(ExperimentError, match=message) as err:
         plan_runs(load_experiment(path), path, tmp_path / "out")
+    assert "Value error" not in str(err.value)  # pydantic's prefix to a validator's message
+
+
+def _refusal(path: Path) -> str:
+    with pytest.raises(ExperimentError) as err:
+        load_experiment(path)
+    return str(err.value)
+
+
+def test_a_misread_experiment_file_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    """A run config given as an experiment (the reverse of what `mappa train` says about an
+    experiment file), an empty file, a YAML syntax error, ``seed:`` for ``seeds:``."""
+    run_config = shipped_configs() / "smoke.yaml"
+    keys = "run_dir, seed, model, rollout, workflow, agents, tasks, eval, coach, rl, sandbox, train"
+    assert _refusal(run_config) == (
+        f"{run_config} is a run config (it has {keys}); run it with: mappa train --config "
+        f"{run_config}"
+    )
+    assert _refusal(_experiment(tmp_path, "# nothing yet\n")) == (
+        f"{tmp_path / 'exp.yaml'}: the file is empty; an experiment names its base, seeds and "
+        "arms (docs/experiments.md)"
+    )
+    broken = _experiment(tmp_path, GOOD.replace("[0, 1]", "[0, 1"))
+    assert _refusal(broken) == (
+        f"{broken}: not valid YAML: line 4, column 5: expected ',' or ']', but got ':' (while "
+        "parsing a flow sequence at line 3, column 8); fix the YAML syntax"
+    )
+    typo = _experiment(tmp_path, GOOD.replace("seeds:", "seed:"))
+    assert _refusal(typo) == f"{typo}: seed: unknown key; did you mean seeds?"
 
 
 def test_command_line_overrides_reach_every_run_and_bad_files_exit_2(
@@ -265,13 +294,18 @@ def test_command_line_overrides_reach_every_run_and_bad_files_exit_2(
     assert "arm 'grpo'" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
-def test_one_seed_is_allowed_with_a_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_one_seed_is_allowed_with_a_warning_once_every_check_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = _experiment(tmp_path, GOOD.replace("[0, 1]", "[3]"))
+    one = GOOD.replace("[0, 1]", "[3]")
     with caplog.at_level(logging.WARNING):
-        runs = plan_runs(load_experiment(path), path, tmp_path / "out")
-    assert "one seed per arm" in caplog.text and len(runs) == 3
+        experiment, _, _ = _fake_experiment(tmp_path / "ok", monkeypatch, False, text=one)
+    assert "one seed per arm" in caplog.text and len(experiment.runs) == 3
+    caplog.clear()
+    bad = one.replace("[rl.advantage=grpo,", "[rl.advantagee=grpo,")
+    with caplog.at_level(logging.WARNING), pytest.raises(ExperimentError, match="arm 'grpo'"):
+        _fake_experiment(tmp_path / "bad", monkeypatch, False, text=bad)
+    assert caplog.text == ""  # a refused experiment says only why, not the warning first
 
 
 OUTCOME_ARMS = ("outcome_only", "grpo")
@@ -353,17 +387,19 @@ def _fake_experiment(
     server: bool,
     records: Path | None = None,
     overrides: list[str] | None = None,
+    text: str = GOOD,
 ) -> tuple[Any, list[list[str]], FakeServer]:
-    """An Experiment whose child processes are recorded, not run (``FakeServer`` as its
-    coach server if ``server``); the model is a directory that only looks like one. A fake
-    child leaves what a real one would: a run's metrics.jsonl, the base model's eval.json."""
+    """An Experiment of ``text`` whose child processes are recorded, not run (``FakeServer``
+    as its coach server if ``server``); the model is a directory that only looks like one. A
+    fake child leaves what a real one would: a run's metrics.jsonl, the base model's
+    eval.json."""
     from mappa.experiment.runner import Experiment
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     model = tmp_path.parent / "model"
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text("{}")
-    text = GOOD.replace("tasks.num_tasks=16]", f"tasks.num_tasks=16, model.path={model}]")
+    text = text.replace("tasks.num_tasks=16]", f"tasks.num_tasks=16, model.path={model}]")
     if server:
         text += "    coach_server: {model: fake.gguf}\n"
     fake = FakeServer()

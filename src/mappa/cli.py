@@ -8,6 +8,7 @@ well under a second and no model is ever loaded for a config that cannot run.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from importlib import resources
 from pathlib import Path
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from mappa.coach.context import CoachContext
     from mappa.coach.servers import LocalServer
     from mappa.records import Score
+    from mappa.tasks import Task
 
 
 def default_config() -> Path:
@@ -51,6 +54,37 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message}; see {self.prog} --help\n")
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """A value that is not among the choices (a subcommand, ``--server``) is refused
+        naming the closest choice, if one is close: ``mappa trian`` is a typo, and the list
+        of every choice does not say of which."""
+        choices = action.choices
+        if choices is not None and value not in choices:
+            near = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+            if near:
+                raise argparse.ArgumentError(
+                    action, f"invalid choice: {value!r} (did you mean {near[0]}?)"
+                )
+        super()._check_value(action, value)
+
+
+def _int_in(low: int, high: int | None = None, note: str = "") -> Callable[[str], int]:
+    """An argparse type: an int from ``low`` to ``high`` (no bound: None), else one line
+    naming the value and the range, before anything loads (``--limit 0`` would load the
+    model to evaluate nothing)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            allowed = f"at least {low}" if high is None else f"{low}-{high}"
+            raise argparse.ArgumentTypeError(f"{value}: give {allowed}{note}")
+        return value
+
+    return parse
+
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="mappa", description=DESCRIPTION)
@@ -66,11 +100,11 @@ def _parser() -> argparse.ArgumentParser:
         ),
     ]:
         s = sub.add_parser(name, help=help_text)
-        config_help = "run config YAML (default: demo)"
+        config_help = "run config YAML, or a shipped config's name such as smoke (default: demo)"
         if name == "coach-check":
             config_help = (
-                "run config YAML or experiment file (default: with --episodes the run's "
-                "config.yaml, else demo)"
+                "run config YAML (or a shipped config's name) or experiment file (default: "
+                "with --episodes the run's config.yaml, else demo)"
             )
         s.add_argument("--config", type=Path, default=None, help=config_help)
         s.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. rl.lr=1e-5")
@@ -91,7 +125,12 @@ def _parser() -> argparse.ArgumentParser:
         help="pypi:<package> (a known GGUF package; the default is the one `make install` "
         "gives), or a GGUF file (llamacpp) or a model directory (vllm)",
     )
-    serve.add_argument("--port", type=int, default=None, help="default: a free port")
+    serve.add_argument(
+        "--port",
+        type=_int_in(0, 65535, " (0: a free port)"),
+        default=None,
+        help="default (or 0): a free port",
+    )
     serve.add_argument("--max-model-len", type=int, default=4096, help="context length")
     serve.add_argument("--threads", type=int, default=1, help="llamacpp: decoding threads")
     serve.add_argument("--kv-cache-gib", type=float, default=1.0, help="vllm: KV cache size")
@@ -174,7 +213,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--limit",
-        type=int,
+        type=_int_in(1),
         default=None,
         metavar="N",
         help="with --episodes: rescore N episodes spread evenly over the run (default: all)",
@@ -227,7 +266,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="task file or dataset dir (default: eval.source, else held-out arithmetic)",
     )
-    ev.add_argument("--limit", type=int, default=None, help="evaluate only the first N tasks")
+    ev.add_argument(
+        "--limit", type=_int_in(1), default=None, help="evaluate only the first N tasks"
+    )
     ev.add_argument(
         "--out", type=Path, default=None, help="where eval.json and eval_episodes.jsonl go"
     )
@@ -251,6 +292,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_override(token: str) -> bool:
+    return "=" in token and not token.startswith("-")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, with ``key=value`` overrides also after options
+    (``mappa experiment X.yaml --out D train.steps=1``): argparse fills a subcommand's
+    ``overrides`` only from the tokens before its first option and returns the rest as
+    unrecognized; those that are overrides join them, anything else is still refused."""
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if hasattr(args, "overrides"):
+        args.overrides += [t for t in rest if _is_override(t)]
+        rest = [t for t in rest if not _is_override(t)]
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
 def _setup_logging() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
@@ -270,11 +330,15 @@ def _train(cfg: RunConfig, resume: Path | None) -> int:
     return 0
 
 
-def _train_plan(cfg: RunConfig, config: Path, demo: bool, resume: Path | None) -> str:
+def _which_config(config: Path, demo: bool) -> str:
+    """The config as the plan lines name it (a bare ``mappa train`` or ``mappa eval`` runs
+    the demo, which a newcomer may not expect)."""
+    return f"the demo config {config} (no --config given)" if demo else f"config {config}"
+
+
+def _train_plan(cfg: RunConfig, which: str, resume: Path | None) -> str:
     """The line ``mappa train`` prints before it loads anything: which config, how many
-    steps, where the run goes (a bare ``mappa train`` runs the demo, which a newcomer may
-    not expect)."""
-    which = f"the demo config {config} (no --config given)" if demo else f"config {config}"
+    steps, where the run goes."""
     where = f"continuing {resume}" if resume is not None else f"run dir {cfg.run_dir}"
     return f"mappa train: {which}: {cfg.train.steps} steps with {cfg.model.path}, {where}"
 
@@ -307,22 +371,65 @@ def _eval_flags(cfg: RunConfig, args: argparse.Namespace) -> None:
         raise ValueError("; ".join(problems)) from None
 
 
-def _eval(cfg: RunConfig, args: argparse.Namespace, adapters: Path | None) -> int:
-    from mappa.run.evaluation import checked_heldout, evaluate_model
+@dataclass(frozen=True)
+class _EvalJob:
+    """What ``mappa eval`` evaluates, read and checked before any model loads: the tasks
+    and where they come from, where the results go, the adapters (None: the untrained
+    base) and the base model that loads (the one the adapters name, else model.path)."""
 
+    tasks: list[Task]
+    source: str
+    out: Path
+    adapters: Path | None
+    model: str
+
+    def plan(self, which: str) -> str:
+        """The line ``mappa eval`` prints before it loads anything, as ``mappa train``
+        does: the load takes a while, and a bare ``mappa eval`` evaluates the demo."""
+        team = (
+            "untrained (no --adapters)"
+            if self.adapters is None
+            else f"with the adapters in {self.adapters}"
+        )
+        return (
+            f"mappa eval: {which}: {self.model} {team} on {len(self.tasks)} tasks from "
+            f"{self.source}, output dir {self.out}"
+        )
+
+
+def _eval_job(cfg: RunConfig, args: argparse.Namespace) -> _EvalJob:
+    """``--adapters``, the sampling flags and the tasks, checked; an error of the tasks
+    ``--tasks`` names (a missing or malformed file, problems also in the training set)
+    names the flag."""
+    from mappa.run.evaluation import adapter_base, adapters_dir, checked_heldout
+
+    adapters = adapters_dir(args.adapters, [a.name for a in cfg.agents], "--adapters")
+    _eval_flags(cfg, args)
     try:
         tasks = checked_heldout(cfg, args.tasks, args.limit)
-    except (ValueError, OSError) as err:  # missing files, SplitOverlapError
-        print(f"mappa: {err}", file=sys.stderr)
-        return 2
-    out = args.out or (adapters.parent if adapters is not None else Path("runs/eval-base"))
-    source = args.tasks or cfg.eval.source or "arithmetic (held out)"
-    result = evaluate_model(cfg, tasks, out, source, adapters)
+    except (ValueError, OSError) as err:
+        if args.tasks is None:
+            raise
+        raise ValueError(f"--tasks: {err}") from None
+    base = None if adapters is None else adapter_base(adapters, cfg.agents[0].name)
+    return _EvalJob(
+        tasks,
+        args.tasks or cfg.eval.source or "arithmetic (held out)",
+        args.out or (adapters.parent if adapters is not None else Path("runs/eval-base")),
+        adapters,
+        base or cfg.model.path,
+    )
+
+
+def _eval(cfg: RunConfig, job: _EvalJob) -> int:
+    from mappa.run.evaluation import evaluate_model
+
+    result = evaluate_model(cfg, job.tasks, job.out, job.source, job.adapters)
     shown = {k: v for k, v in result.items() if k != "per_task"}
     width = max(len(k) for k in shown)
     for key, value in shown.items():
         print(f"{key:<{width}}  {_fmt(value)}")
-    print(f"{'written':<{width}}  {out / 'eval.json'}")
+    print(f"{'written':<{width}}  {job.out / 'eval.json'}")
     return 0
 
 
@@ -373,15 +480,13 @@ def _experiment_keys(path: Path) -> list[str]:
     ``base``): none for a run config, or for a file load_config will say is broken."""
     import yaml
 
-    from mappa.experiment.spec import ExperimentConfig
+    from mappa.experiment.spec import experiment_keys
 
     try:
         raw = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
         return []  # load_config says what is wrong with it
-    fields = ExperimentConfig.model_fields
-    own = [k for k, f in fields.items() if f.is_required() and k not in RunConfig.model_fields]
-    return [k for k in own if k in raw] if isinstance(raw, dict) else []
+    return experiment_keys(raw)
 
 
 def _check_config(args: argparse.Namespace) -> tuple[RunConfig, LocalServer | None]:
@@ -392,7 +497,7 @@ def _check_config(args: argparse.Namespace) -> tuple[RunConfig, LocalServer | No
     the experiment's server) points the HTTP coach at the server."""
     from mappa.run import preflight
 
-    path = args.config
+    path = None if args.config is None else _config_file(args.config)
     if path is None and args.episodes is not None:
         run_dir = args.episodes if args.episodes.is_dir() else args.episodes.parent
         if (run_dir / "config.yaml").is_file():
@@ -483,8 +588,6 @@ def _check_plan(
         return source, contexts, lambda scores, s: check.check_report(scores, cases, s)
     from mappa.records import read_episodes
 
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit {args.limit}: give at least 1")
     path = args.episodes / "episodes.jsonl" if args.episodes.is_dir() else args.episodes
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (a run dir holds episodes.jsonl)")
@@ -567,6 +670,36 @@ def _coach_check(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"written: {args.json}")
     return 0
+
+
+def _config_file(given: Path) -> Path:
+    """``--config``: a file, else the name of a config shipped with mappa (``demo``, which
+    ``--help`` names the default; an experiment's ``base:`` takes the same names).
+    ``ConfigError`` says what ``given`` is instead, and which names there are."""
+    from mappa.experiment.spec import shipped_config, shipped_config_names
+
+    if given.is_file():
+        return given
+    shipped = None if given.is_dir() else shipped_config(str(given))
+    if shipped is not None:
+        return shipped
+    what = "is a directory" if given.is_dir() else "no such file, nor a shipped config"
+    raise ConfigError(
+        f"--config {given}: {what}; give a config YAML file or one of "
+        f"{', '.join(shipped_config_names())}"
+    )
+
+
+def _config_path(given: Path | None, resume: Path | None, adapters: Path | None) -> Path:
+    """The run config train or eval reads: ``--config``, else the resumed run's, else that
+    of the run ``--adapters`` points into, else the demo's."""
+    from mappa.paths import run_config_file
+
+    if given is not None:
+        return _config_file(given)
+    if resume is not None:
+        return run_config_file(resume)
+    return _run_config(adapters) or default_config()
 
 
 def _run_config(adapters: Path | None) -> Path | None:
@@ -686,7 +819,7 @@ NO_ESTIMATE = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     if args.command == "coach-serve":  # needs no run config
         return _coach_serve(args)
     if args.command == "report":
@@ -697,12 +830,11 @@ def main(argv: list[str] | None = None) -> int:
         return _push(args)
     if args.command == "coach-check":  # its config may be an experiment's, or the run's
         return _coach_check(args)
-    adapters = getattr(args, "adapters", None)
     resume = getattr(args, "resume", None)
-    resumed = resume / "config.yaml" if resume is not None else None
-    config_path = args.config or resumed or _run_config(adapters) or default_config()
     dry_run = getattr(args, "dry_run", False)
+    eval_job = None
     try:
+        config_path = _config_path(args.config, resume, getattr(args, "adapters", None))
         if keys := _experiment_keys(config_path):
             raise ConfigError(
                 f"{config_path} is an experiment file (it has {', '.join(keys)}); run it "
@@ -722,21 +854,20 @@ def main(argv: list[str] | None = None) -> int:
 
             check_resumable(resume, cfg)
         if args.command == "eval":
-            from mappa.run.evaluation import adapters_dir
-
-            adapters = adapters_dir(adapters, [a.name for a in cfg.agents], "--adapters")
-            _eval_flags(cfg, args)
-    except (ConfigError, ValueError, FileNotFoundError) as err:
+            eval_job = _eval_job(cfg, args)
+    except (ConfigError, ValueError, OSError) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
     if dry_run:
         print("mappa: the config passed every check (--dry-run: nothing was run)")
         return 0
-    if args.command == "train":
-        demo = args.config is None and resume is None
+    which = _which_config(config_path, args.config is None and config_path == default_config())
+    if eval_job is not None:
+        print(eval_job.plan(which), flush=True)
+    else:
         if resume is None:  # the run dir announced is the one the run writes to
             cfg.run_dir = expand_run_dir(cfg.run_dir)
-        print(_train_plan(cfg, config_path, demo, resume), flush=True)
+        print(_train_plan(cfg, which, resume), flush=True)
     _setup_logging()
     from mappa.coach import CoachFatalError
     from mappa.models.sync_probe import StaleAdapterError
@@ -745,9 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     from mappa.workflow.function import WorkflowFailed
 
     try:
-        if args.command == "train":
-            return _train(cfg, resume)
-        return _eval(cfg, args, adapters)
+        return _train(cfg, resume) if eval_job is None else _eval(cfg, eval_job)
     except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkflowFailed) as err:
         print(_stopped(err), file=sys.stderr)
         return 1

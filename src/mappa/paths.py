@@ -24,3 +24,17 @@ def expand_run_dir(run_dir: Path) -> Path:
     'runs/plain'
     """
     return Path(str(run_dir).format(time=datetime.now().strftime("%Y%m%d-%H%M%S")))
+
+
+def run_config_file(run_dir: Path) -> Path:
+    """The config a training run saved, ``run_dir/config.yaml``; ``FileNotFoundError`` says
+    what ``run_dir`` is instead (missing, a file, a directory of something else) rather
+    than that a config.yaml nobody named is missing."""
+    if run_dir.is_file():
+        raise FileNotFoundError(f"{run_dir}: is a file; give a run directory")
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
+    config = run_dir / "config.yaml"
+    if not config.is_file():
+        raise FileNotFoundError(f"{run_dir}: not a training run (no config.yaml)")
+    return config

@@ -102,6 +102,12 @@ def test_user_template_with_unknown_placeholder_fails_at_config_load(tmp_path: P
         load_template(str(bad))
     with pytest.raises(TemplateError, match="agent_name"):  # before any model loads
         check(load_config(default_config(), [f"coach.template={bad}"]))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("system: judge\nuser: 'Task {task}\n")
+    with pytest.raises(TemplateError) as err:  # PyYAML's message spans lines
+        load_template(str(broken))
+    assert str(err.value).startswith(f"{broken}: not valid YAML: line 3, column 1: found ")
+    assert str(err.value).endswith("; fix the YAML syntax") and "\n" not in str(err.value)
     good = tmp_path / "ok.yaml"
     good.write_text("system: judge\nuser: 'Task {task}, output {output}'\n")
     assert load_config(default_config(), [f"coach.template={good}"]).coach.template == str(good)

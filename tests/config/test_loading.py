@@ -108,9 +108,53 @@ def test_cli_bad_config_exits_nonzero_without_loading_a_model(tmp_path: Path) ->
     assert "HEAVY []" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "agents:\n  - {nme: solver, role: Solves., input_template: 'Problem: {task}'}\n",
+            "agents.0.nme: unknown key; did you mean agents.0.name?",  # not also name: missing
+        ),
+        (
+            "eval: {samples: 4, temperature: 0}\n",
+            "eval: samples > 1 needs temperature > 0 (greedy samples are identical)",
+        ),
+    ],
+)
+def test_one_problem_is_one_line_in_its_own_words(tmp_path: Path, text: str, problem: str) -> None:
+    """A misspelt key is one problem, not also the key it meant missing; a validator's
+    message comes without pydantic's "Value error, " before it."""
+    path = write_yaml(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: {problem}"
+
+
 def test_missing_file() -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config("/nonexistent/run.yaml")
+
+
+def test_a_yaml_syntax_error_is_one_line_with_line_and_column(tmp_path: Path) -> None:
+    """PyYAML's own message spans lines (the source quoted under a caret)."""
+    path = write_yaml(tmp_path, "rl:\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (
+        f"{path}: not valid YAML: line 3, column 1: expected ',' or ']', but got "
+        "'<stream end>' (while parsing a flow sequence at line 2, column 7); fix the YAML syntax"
+    )
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n"])
+def test_an_empty_config_is_refused_not_run_as_the_defaults(tmp_path: Path, text: str) -> None:
+    path = write_yaml(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (
+        f"{path}: the file is empty; write the keys that differ from the defaults "
+        "(docs/config.md), or omit --config for the demo config"
+    )
 
 
 def test_preset_supplies_the_pipeline_and_a_config_overrides_only_what_differs(

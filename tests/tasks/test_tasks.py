@@ -77,8 +77,11 @@ def test_task_files(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps([{"text": "x"}]))
     with pytest.raises(ValueError, match="no 'prompt'"):
         load_tasks(str(tmp_path / "bad.json"), 0, 1, 0)
-    with pytest.raises(FileNotFoundError):
-        load_tasks(str(tmp_path / "missing.json"), 0, 1, 0)
+    missing = tmp_path / "missing.json"
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(missing))}: no such task file"):
+        load_tasks(str(missing), 0, 1, 0)
+    with pytest.raises(FileNotFoundError, match="arithmetc: .*; did you mean arithmetic\\?$"):
+        load_tasks("arithmetc", 0, 1, 0)
 
 
 @pytest.mark.parametrize(
@@ -180,7 +183,8 @@ def test_overlap_is_found_by_normalized_text() -> None:
 
 def test_columns_name_the_prompt_and_answer_and_answers_may_be_optional(tmp_path: Path) -> None:
     """GSM8K-style rows (``question``/``solution``) load once their columns are named; rows
-    without an answer load only where the config says they may (graded wrong)."""
+    without an answer load only where the config says they may (graded wrong in training,
+    left out of a held-out set's accuracy)."""
     from mappa.tasks import Columns
 
     path = tmp_path / "t.jsonl"
@@ -190,6 +194,11 @@ def test_columns_name_the_prompt_and_answer_and_answers_may_be_optional(tmp_path
     assert [(t.prompt, t.answer) for t in tasks] == [("2 + 2?", "4"), ("3 + 3?", None)]
     with pytest.raises(TaskSourceError, match=r"line 2 has no 'solution' answer; its columns: q\."):
         load_tasks(str(path), 0, 1, 0, columns=Columns(prompt="q", answer="solution"))
+    held_out = Columns(prompt="q", answer="solution", section="eval")
+    with pytest.raises(
+        TaskSourceError, match=r"eval\.answer_field, .* \(left out of the accuracy\)"
+    ):
+        load_tasks(str(path), 0, 1, 0, columns=held_out)
 
 
 def test_hugging_face_dataset_by_name_with_columns(tmp_path: Path) -> None:

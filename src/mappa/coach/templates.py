@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from mappa.coach.context import CoachContext
-from mappa.config import AgentConfig
+from mappa.config import AgentConfig, ConfigError
+from mappa.config.loading import read_yaml
 from mappa.records import ToolStatus
 
 # Placeholders each section may use.
@@ -154,9 +153,9 @@ def load_template(name_or_path: str) -> CoachTemplate:
     if not path.is_file():
         raise TemplateError(f"coach template {name_or_path!r}: no such template or file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise TemplateError(f"{path}: not valid YAML: {err}") from err
+        data = read_yaml(path)
+    except ConfigError as err:  # the YAML syntax, in one line
+        raise TemplateError(str(err)) from None
     if not isinstance(data, dict):
         raise TemplateError(f"{path}: expected a mapping of sections")
     unknown = set(data) - set(ALLOWED_FIELDS) - {"name"}

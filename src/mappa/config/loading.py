@@ -131,19 +131,36 @@ def _override_loc(tree: dict[str, Any], override: str) -> tuple[Any, ...] | None
     return tuple(loc)
 
 
-def _format_errors(err: ValidationError, source: str, overrides: dict[tuple[Any, ...], str]) -> str:
+def format_errors(
+    err: ValidationError,
+    source: str,
+    overrides: dict[tuple[Any, ...], str] | None = None,
+    root: type[BaseModel] = RunConfig,
+    kind: str = "configuration",
+) -> str:
     """One line per problem, naming where it came from: the override that set the key
-    (``overrides``, by location), else the key in the file ``source``; an unknown key gets
-    the closest valid one. One problem is one line; several follow a header naming the file
-    (or the overrides, when they are all the overrides')."""
+    (``overrides``, by location), else the key in the file ``source`` (a ``root`` file: a
+    run config, or an experiment file); an unknown key gets the closest valid one, and the
+    missing key it most likely means is not reported again (``seed:`` for ``seeds:`` is one
+    typo, not two problems). One problem is one line; several follow a header naming the
+    file (``invalid <kind>``), or the overrides, when they are all the overrides'."""
+    overrides = overrides or {}
+    errors = err.errors()
+    meant = {
+        i: closest_key(tuple(e["loc"]), root)
+        for i, e in enumerate(errors)
+        if e["type"] == "extra_forbidden"
+    }
     problems = []
-    for e in err.errors():
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            near = closest_key(e["loc"])
-            msg = "unknown key" + (f"; did you mean {near}?" if near else "")
+    for i, e in enumerate(errors):
         loc = tuple(e["loc"])
         key = ".".join(str(p) for p in loc) or "(top level)"
+        if e["type"] == "missing" and key in meant.values():
+            continue
+        if i in meant:
+            msg = "unknown key" + (f"; did you mean {meant[i]}?" if meant[i] else "")
+        else:  # a validator's ValueError reads "Value error, <its message>"
+            msg = e["msg"].removeprefix("Value error, ")
         given = next((o for n in range(len(loc), 0, -1) if (o := overrides.get(loc[:n]))), None)
         if given is None:
             problems.append((key, msg, False))
@@ -154,8 +171,35 @@ def _format_errors(err: ValidationError, source: str, overrides: dict[tuple[Any,
         where, msg, overridden = problems[0]
         return f"{where}: {msg}" if overridden else f"{source}: {where}: {msg}"
     in_file = not all(overridden for *_, overridden in problems)
-    header = f"{source}: invalid configuration" if in_file else "invalid overrides"
+    header = f"{source}: invalid {kind}" if in_file else "invalid overrides"
     return "\n".join([header, *(f"  {where}: {msg}" for where, msg, _ in problems)])
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document in ``path``; a syntax error is a ``ConfigError`` in one line (the
+    file, line and column, PyYAML's problem), where PyYAML's own message spans several,
+    quoting the source under a caret."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(
+            f"{path}: not valid YAML: {_yaml_problem(err)}; fix the YAML syntax"
+        ) from None
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """Where and what: ``line 3, column 1: expected ',' or ']', but got '<stream end>'
+    (while parsing a flow sequence at line 2, column 7)``."""
+    if not isinstance(err, yaml.MarkedYAMLError) or err.problem_mark is None:
+        return " ".join(str(err).split())
+    text = f"{_at(err.problem_mark)}: {err.problem}"
+    if err.context and err.context_mark is not None:
+        text += f" ({err.context} at {_at(err.context_mark)})"
+    return " ".join(text.split())
+
+
+def _at(mark: yaml.Mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
 
 
 PRESETS_DIR = Path(__file__).parents[1] / "presets"
@@ -170,7 +214,7 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     if not path.is_file():
         shipped = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
         raise ConfigError(f"workflow.preset {name_or_path!r}: no such preset {shipped} or file")
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a preset must be a mapping")
     return data
@@ -221,10 +265,12 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    raw = read_yaml(path)
+    if raw is None:  # no keys, or only comments: a run of every default, not what was meant
+        raise ConfigError(
+            f"{path}: the file is empty; write the keys that differ from the defaults "
+            "(docs/config.md), or omit --config for the demo config"
+        )
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     try:
@@ -243,7 +289,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         return RunConfig.model_validate(raw)
     except ValidationError as err:
         locs = {at: o for o in overrides or [] if (at := _override_loc(raw, o)) is not None}
-        raise ConfigError(_format_errors(err, str(path), locs)) from None
+        raise ConfigError(format_errors(err, str(path), locs)) from None
 
 
 def resolve_beside(file: str, config_dir: Path) -> str:

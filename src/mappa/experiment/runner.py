@@ -122,6 +122,10 @@ class Experiment:
         self.records = Records(records or self.out / "records")
         self.recorded = {r.name for r in self.runs if self.records.has(r)}
         _check_runnable([r for r in self.runs if r.name not in self.recorded])
+        if len(self.spec.seeds) == 1:  # after every check: a refused experiment says only why
+            log.warning(
+                "%s: one seed per arm: no spread, so no difference can be called", self.file
+            )
 
     def _server(self) -> LocalServer | None:
         s = self.spec.coach_server

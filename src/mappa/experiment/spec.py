@@ -9,24 +9,20 @@ rollout budget) rather than trusted.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from mappa.config import ConfigError, RunConfig, load_config
-from mappa.config.loading import closest_key
+from mappa.config.loading import format_errors, read_yaml
 from mappa.config.schema import Strict
 
 if TYPE_CHECKING:
     from mappa.coach.servers import LocalServer
-
-log = logging.getLogger(__name__)
 
 OWNED_KEYS = ("seed", "run_dir", "tasks.seed")
 """Keys the experiment sets for every run; an arm or the common overrides may not."""
@@ -168,19 +164,43 @@ def shipped_configs() -> Path:
     return Path(str(resources.files("mappa") / "configs"))
 
 
+def shipped_config_names() -> list[str]:
+    return sorted(p.stem for p in shipped_configs().glob("*.yaml"))
+
+
+def shipped_config(name: str) -> Path | None:
+    """The config shipped with mappa called ``name`` (``smoke``, or ``smoke.yaml``), if any."""
+    path = shipped_configs() / f"{name.removesuffix('.yaml')}.yaml"
+    return path if path.is_file() else None
+
+
 def base_config_path(base: str, experiment_file: Path) -> Path:
     """``base`` relative to the experiment file, else a shipped config by name."""
     relative = experiment_file.parent / base
     if relative.is_file():
         return relative
-    shipped = shipped_configs() / f"{base.removesuffix('.yaml')}.yaml"
-    if shipped.is_file():
+    shipped = shipped_config(base)
+    if shipped is not None:
         return shipped
-    names = sorted(p.stem for p in shipped_configs().glob("*.yaml"))
     raise ExperimentError(
         f"{experiment_file}: base {base!r} is neither a file next to it ({relative}) nor a "
-        f"shipped config {names}"
+        f"shipped config {shipped_config_names()}"
     )
+
+
+def experiment_keys(raw: object) -> list[str]:
+    """The top-level keys of a YAML document that only an experiment file has (``base``,
+    ``seeds``, ``arms``): none for a run config."""
+    fields = ExperimentConfig.model_fields
+    own = [k for k, f in fields.items() if f.is_required() and k not in RunConfig.model_fields]
+    return [k for k in own if k in raw] if isinstance(raw, dict) else []
+
+
+def run_config_keys(raw: object) -> list[str]:
+    """The top-level keys of a YAML document that only a run config has (``model``,
+    ``train``, ...): none for an experiment file."""
+    own = [k for k in RunConfig.model_fields if k not in ExperimentConfig.model_fields]
+    return [k for k in own if k in raw] if isinstance(raw, dict) else []
 
 
 def load_experiment(path: Path, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -192,26 +212,26 @@ def load_experiment(path: Path, overrides: list[str] | None = None) -> Experimen
     if not path.is_file():
         raise ExperimentError(f"{path}: experiment file not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ExperimentError(f"{path}: not valid YAML: {err}") from err
+        raw = read_yaml(path)
+    except ConfigError as err:
+        raise ExperimentError(str(err)) from None
+    if raw is None:
+        raise ExperimentError(
+            f"{path}: the file is empty; an experiment names its base, seeds and arms "
+            "(docs/experiments.md)"
+        )
+    if not experiment_keys(raw) and (keys := run_config_keys(raw)):
+        raise ExperimentError(
+            f"{path} is a run config (it has {', '.join(keys)}); run it with: mappa train "
+            f"--config {path}"
+        )
     if overrides and isinstance(raw, dict):
         raw["overrides"] = [*(raw.get("overrides") or []), *overrides]
     try:
-        spec = ExperimentConfig.model_validate(raw)
+        return ExperimentConfig.model_validate(raw)
     except ValidationError as err:
-        lines = [f"{path}: invalid experiment"]
-        for e in err.errors():
-            key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            msg = e["msg"]
-            if e["type"] == "extra_forbidden":
-                near = closest_key(tuple(e["loc"]), ExperimentConfig)
-                msg = "unknown key" + (f"; did you mean {near}?" if near else "")
-            lines.append(f"  {key}: {msg}")
-        raise ExperimentError("\n".join(lines)) from None
-    if len(spec.seeds) == 1:
-        log.warning("%s: one seed per arm: no spread, so no difference can be called", path)
-    return spec
+        problems = format_errors(err, str(path), root=ExperimentConfig, kind="experiment")
+        raise ExperimentError(problems) from None
 
 
 def _load(path: Path, overrides: list[str], arm: str) -> RunConfig:

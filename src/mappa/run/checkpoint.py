@@ -46,6 +46,7 @@ import yaml
 
 from mappa.config import RESUMABLE_KEYS, RunConfig
 from mappa.jsonl import truncate_jsonl
+from mappa.paths import run_config_file
 from mappa.rng import as_tuples, set_torch_rng_state, torch_rng_state
 from mappa.run.models import AdapterStore, Stateful
 
@@ -285,23 +286,40 @@ def config_differences(saved: Mapping[str, Any], cfg: RunConfig) -> list[str]:
     return list(config_changes(saved, cfg))
 
 
+def _changes(diff: Mapping[str, tuple[Any, Any]], most: int = 5) -> str:
+    """The first ``most`` differing keys, each with its two values where they are short (a
+    config's agents are a screenful), and how many more there are."""
+    shown = []
+    for key, (old, new) in list(diff.items())[:most]:
+        values = f"{old!r} -> {new!r}"
+        shown.append(f"{key} ({values})" if len(values) <= 40 else key)
+    more = f" and {len(diff) - most} more" if len(diff) > most else ""
+    return ", ".join(shown) + more
+
+
 def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
     """The run's saved config, if ``run_dir`` can be resumed with ``cfg``.
 
-    Raises ``ValueError`` for a config that differs in anything but ``train.steps`` (naming
-    the keys) and ``FileNotFoundError`` for a directory without a run or a checkpoint.
+    Raises ``ValueError`` for a config that differs in anything but the resumable keys
+    (naming the keys) or a run that already did ``cfg.train.steps`` (nothing to resume:
+    the models would load to do nothing), and ``FileNotFoundError`` for a directory
+    without a run or a checkpoint.
     """
-    config = run_dir / "config.yaml"
-    if not config.is_file():
-        raise FileNotFoundError(f"{run_dir}: no config.yaml; not a training run")
-    resumable_checkpoint(run_dir)
+    config = run_config_file(run_dir)
+    ckpt = resumable_checkpoint(run_dir)
     saved = yaml.safe_load(config.read_text()) or {}
     diff = config_changes(saved, cfg)
     if diff:
-        shown = ", ".join(f"{k} ({old!r} -> {new!r})" for k, (old, new) in diff.items())
         raise ValueError(
-            f"{run_dir}: the config differs from the run's config.yaml in {shown}; only "
-            f"{', '.join(sorted(RESUMABLE_KEYS))} may change on resume"
+            f"{run_dir}: the config differs from the run's config.yaml in {_changes(diff)}; "
+            "resume with the run's own config, changing only keys `mappa train --help` "
+            "lists under --resume"
+        )
+    done = _step(ckpt)
+    if done >= cfg.train.steps:
+        raise ValueError(
+            f"{run_dir}: the run already did {done} steps (train.steps={cfg.train.steps}); "
+            f"to extend it, resume with train.steps=M, M > {done}"
         )
     return dict(saved)
 
@@ -325,7 +343,10 @@ def write_atomic(path: Path, text: str) -> None:
 
 def steps_done(run_dir: Path) -> int:
     """The steps done by the checkpoint ``restore`` loads (``resumable_checkpoint``)."""
-    ckpt = resumable_checkpoint(run_dir)
+    return _step(resumable_checkpoint(run_dir))
+
+
+def _step(ckpt: Path) -> int:
     return int(json.loads((ckpt / "checkpoint.json").read_text())["step"])
 
 

@@ -148,9 +148,10 @@ def tasks_from_rows(
         answer, task_id = _first(row, answers), _first(row, ID_FIELDS)
         if answer is None and columns.require_answer:
             what = " or ".join(repr(a) for a in answers) + " answer"
+            kept = "graded wrong" if columns.section == "tasks" else "left out of the accuracy"
             fix = (
                 f"Name the answer's column with {columns.section}.answer_field, or set "
-                "tasks.require_answers: false for tasks without one (graded wrong)."
+                f"tasks.require_answers: false for tasks without one ({kept})."
             )
             raise TaskSourceError(_missing(origin, at, row, what, fix))
         reference = None if answer is None else reference_text(answer)

@@ -3,6 +3,7 @@ directory, or a JSON/JSONL task file."""
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 
@@ -59,6 +60,10 @@ def load_task_file(path: Path, columns: Columns = DEFAULT_COLUMNS) -> list[Task]
 
 DSBENCH_PREFIX = "dsbench:"
 
+GENERATED = ("arithmetic", "dsbench-synthetic", "dsbench-sklearn")
+"""The sources named by a word, not a path: a source that is neither, and close to one of
+these, is most likely it misspelt (``arithmetc``)."""
+
 
 def load_dsbench(source: str, num_tasks: int, seed: int, root: str | None = None) -> list[Task]:
     """``dsbench-synthetic`` (generated, cached by seed), ``dsbench-sklearn`` (real datasets
@@ -112,5 +117,7 @@ def load_tasks(
     if path.is_dir():
         return load_dataset_dir(path, columns)
     if not path.is_file():
-        raise FileNotFoundError(f"task file {path} not found")
+        near = difflib.get_close_matches(source, GENERATED, n=1)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        raise FileNotFoundError(f"{path}: no such task file or dataset directory{hint}")
     return load_task_file(path, columns)
