@@ -408,3 +408,18 @@ def test_a_file_that_is_not_what_the_command_reads_is_one_line(
     assert main([*command, str(path)]) == 2
     error = _one_line_error(capsys)
     assert error.startswith(f"mappa: {path}") and error.endswith(fix.format(path=path))
+
+
+def test_a_dry_run_refused_on_a_cpu_is_the_problem_alone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Where there is no memory estimate (a CPU run), a refused dry run prints the problem
+    and nothing before it; one that passes says there is no estimate and why."""
+    assert main(["train", "--dry-run", "tasks.source=/nope.json"]) == 2
+    out, err = capsys.readouterr()
+    assert (
+        out == ""
+        and err == "mappa: tasks.source: /nope.json: no such task file or dataset directory\n"
+    )
+    assert main(["train", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("memory estimate: none (a CPU run, ")

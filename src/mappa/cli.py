@@ -843,9 +843,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(config_path, args.overrides)
         from mappa.run import preflight  # checks that need more than the schema, model-free
 
-        if dry_run:  # the table first: a run refused for memory shows what it would need
-            estimate = preflight.footprint(cfg)
-            print(estimate.table() if estimate else "memory estimate: " + NO_ESTIMATE)
+        estimate = preflight.footprint(cfg) if dry_run else None
+        if estimate is not None:  # first: a run refused for memory shows what it would need
+            print(estimate.table())
         preflight.check(cfg)
         if args.command == "train":
             preflight.check_coach_reachable(cfg)
@@ -859,6 +859,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
     if dry_run:
+        if estimate is None:
+            print("memory estimate: " + NO_ESTIMATE)
         print("mappa: the config passed every check (--dry-run: nothing was run)")
         return 0
     which = _which_config(config_path, args.config is None and config_path == default_config())

@@ -40,8 +40,40 @@ def test_an_override_typo_names_the_override_and_the_closest_key(override: str, 
 
 
 def test_an_override_of_a_section_another_override_replaced_is_still_refused() -> None:
-    with pytest.raises(ConfigError, match=r"^override rl=5: Input should be a valid dict"):
+    with pytest.raises(ConfigError, match=r"^override rl=5: a section, not a value; set its"):
         load_config(default_config(), ["rl.lr=1", "rl=5"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "train.report_to=[wandb,mlflw]",
+            "override train.report_to=[wandb,mlflw]: train.report_to.1: 'mlflw' is not one of "
+            "'wandb', 'mlflow', 'trackio'; did you mean 'mlflow'?",
+        ),
+        (
+            "coach.backend=htp",
+            "override coach.backend=htp: 'htp' is not one of 'local', 'http', 'rules'; did you "
+            "mean 'http'?",
+        ),
+        (
+            "tasks.source=hf:",
+            "override tasks.source=hf:: YAML read {'hf': None} as a mapping, not text; quote "
+            "the value, e.g. tasks.source='...'",
+        ),
+    ],
+)
+def test_a_bad_value_is_named_in_a_config_s_words(override: str, message: str) -> None:
+    """A value outside a fixed set gets the closest one; a value YAML read as a mapping
+    (an unquoted trailing colon) says to quote it; no pydantic wording."""
+    with pytest.raises(ConfigError) as err:
+        load_config(default_config(), [override])
+    assert str(err.value) == message
+
+
+def test_one_tracker_name_is_the_one_tracker_list() -> None:
+    assert load_config(default_config(), ["train.report_to=wandb"]).train.report_to == ["wandb"]
 
 
 @pytest.mark.parametrize(

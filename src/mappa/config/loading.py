@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -159,13 +160,13 @@ def format_errors(
             continue
         if i in meant:
             msg = "unknown key" + (f"; did you mean {meant[i]}?" if meant[i] else "")
-        else:  # a validator's ValueError reads "Value error, <its message>"
-            msg = e["msg"].removeprefix("Value error, ")
+        else:
+            msg = _message(e, key)
         given = next((o for n in range(len(loc), 0, -1) if (o := overrides.get(loc[:n]))), None)
         if given is None:
             problems.append((key, msg, False))
         else:  # the override set this key, or a section holding it
-            at = "" if loc in overrides else f" {key}"
+            at = "" if loc in overrides else f": {key}"
             problems.append((f"override {given}{at}", msg, True))
     if len(problems) == 1:
         where, msg, overridden = problems[0]
@@ -173,6 +174,25 @@ def format_errors(
     in_file = not all(overridden for *_, overridden in problems)
     header = f"{source}: invalid {kind}" if in_file else "invalid overrides"
     return "\n".join([header, *(f"  {where}: {msg}" for where, msg, _ in problems)])
+
+
+def _message(error: Any, key: str) -> str:
+    """Pydantic's message for one problem, in a config's words: a value outside a fixed set
+    with the closest one, a section given a value, a value YAML read as a mapping or list
+    (an unquoted ``hf:...`` or ``a: b``); a validator's own message without its
+    ``Value error,`` prefix."""
+    kind, value = error["type"], error.get("input")
+    if kind == "literal_error":
+        allowed = re.findall(r"'([^']*)'", str(error.get("ctx", {}).get("expected", "")))
+        close = difflib.get_close_matches(str(value), allowed, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{value!r} is not one of {', '.join(map(repr, allowed))}{hint}"
+    if kind in ("model_type", "dict_type") and not isinstance(value, dict):
+        return f"a section, not a value; set its keys ({key}.<key>=..., docs/config.md)"
+    if kind == "string_type" and isinstance(value, dict | list):
+        read = "a mapping" if isinstance(value, dict) else "a list"
+        return f"YAML read {value!r} as {read}, not text; quote the value, e.g. {key}='...'"
+    return str(error["msg"]).removeprefix("Value error, ")
 
 
 def read_yaml(path: Path) -> Any:
