@@ -187,7 +187,7 @@ def test_an_unknown_argument_is_still_refused(capsys: pytest.CaptureFixture[str]
         main(["train", "train.steps=1", "--bogus", "extra"])
     assert exit_.value.code == 2
     assert _one_line_error(capsys) == (
-        "mappa: unrecognized arguments: --bogus extra; see mappa --help"
+        "mappa train: unrecognized arguments: --bogus extra; see mappa train --help"
     )
 
 
@@ -423,3 +423,65 @@ def test_a_dry_run_refused_on_a_cpu_is_the_problem_alone(
     )
     assert main(["train", "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith("memory estimate: none (a CPU run, ")
+
+
+def test_ctrl_c_is_one_line_with_where_the_run_can_go_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C anywhere in a command: exit 130 (as a shell reports an interrupted program),
+    ``mappa: interrupted`` and the notes the loop added (its resume hint), no traceback."""
+    import mappa.cli as cli
+
+    def interrupted(argv: list[str] | None) -> int:  # a command the user interrupts
+        err = KeyboardInterrupt()
+        err.add_note("The newest checkpoint is step 2 (...); continue with `mappa train ...`.")
+        raise err
+
+    monkeypatch.setattr(cli, "_command", interrupted)
+    assert main(["train"]) == 130
+    assert capsys.readouterr().err == (
+        "mappa: interrupted\n"
+        "The newest checkpoint is step 2 (...); continue with `mappa train ...`.\n"
+    )
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file where an output directory goes, a path under a file, a run_dir holding
+    another run: one line naming the flag or key, before a model loads or a run starts."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    experiment = str(Path(mappa.__file__).parent / "configs/experiments/credit_controls_cpu.yaml")
+    cases = [
+        (["train", f"run_dir={a_file}"], f"run_dir {a_file}: is a file; choose another run_dir"),
+        (["train", f"run_dir={run}"], f"continue it with `mappa train --resume {run}`"),
+        (["eval", "--out", str(a_file)], f"--out: {a_file} is a file; a directory is needed"),
+        (["report", str(run), "--out", f"{a_file}/x"], f"--out: cannot create {a_file}/x"),
+        (["experiment", experiment, "--records", str(a_file)], f"--records: {a_file} is a"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, (argv, err)
+
+
+def test_an_unknown_option_names_the_closest_option_or_the_override_meant(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cases = [
+        (["train", "--dryrun"], "mappa train: unrecognized arguments: --dryrun (did you mean "
+         "--dry-run?); see mappa train --help"),
+        (["train", "--steps"], "(config keys are key=value overrides: train.steps=...?)"),
+        (["train", "--rl.lr=1e-4"], "(config keys are key=value overrides: rl.lr=1e-4?)"),
+        (["report", "x", "--outt", "y"], "(did you mean --out?); see mappa report --help"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, (argv, err)

@@ -307,8 +307,42 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         args.overrides += [t for t in rest if _is_override(t)]
         rest = [t for t in rest if not _is_override(t)]
     if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        command = _subcommand(parser, args.command)
+        command.error(f"unrecognized arguments: {' '.join(rest)}{_flag_hint(command, rest)}")
     return args
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name``, so that its errors name it and its --help."""
+    for action in parser._actions:  # argparse keeps its subparsers only here
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    return parser
+
+
+def _flag_hint(command: argparse.ArgumentParser, rest: list[str]) -> str:
+    """For the first unknown option: the closest option of the command, else, for a
+    command that takes overrides, the config key it likely means as an override
+    (``--steps 3`` -> ``train.steps=3``)."""
+    from mappa.config.loading import closest_key
+
+    flag = next((t for t in rest if t.startswith("-")), None)
+    if flag is None:
+        return ""
+    name, _, value = flag.partition("=")
+    bare = name.lstrip("-")
+    takes_overrides = any(a.dest == "overrides" for a in command._actions)
+    key = closest_key(tuple(bare.split("."))) if takes_overrides else None
+    options = {o.lstrip("-"): o for a in command._actions for o in a.option_strings}
+    near = difflib.get_close_matches(bare, list(options), n=1, cutoff=0.7)
+    if near and not (key and key.rsplit(".", 1)[-1] == bare):  # an exact key's name wins
+        return f" (did you mean {options[near[0]]}?)"
+    if key is None:
+        return ""
+    after = rest[rest.index(flag) + 1 :]
+    value = value or (after[0] if after and not after[0].startswith("-") else "...")
+    return f" (config keys are key=value overrides: {key}={value}?)"
 
 
 def _setup_logging() -> None:
@@ -397,6 +431,24 @@ class _EvalJob:
         )
 
 
+def _check_fresh_run_dir(run_dir: Path) -> None:
+    """A new run's ``run_dir`` holds no other run and can be made (``ValueError``)."""
+    from mappa.paths import expand_run_dir, fresh_run_dir_problem
+    from mappa.run.preflight import writable_problem
+
+    path = expand_run_dir(run_dir)
+    problem = fresh_run_dir_problem(path) or writable_problem("run_dir", path, is_file=False)
+    if problem:
+        raise ValueError(problem)
+
+
+def _out_problem(flag: str, out: Path | None) -> str | None:
+    """An output directory a flag names can be made, before any work."""
+    from mappa.run.preflight import writable_problem
+
+    return None if out is None else writable_problem(flag, out, is_file=False)
+
+
 def _eval_job(cfg: RunConfig, args: argparse.Namespace) -> _EvalJob:
     """``--adapters``, the sampling flags and the tasks, checked; an error of the tasks
     ``--tasks`` names (a missing or malformed file, problems also in the training set)
@@ -412,10 +464,14 @@ def _eval_job(cfg: RunConfig, args: argparse.Namespace) -> _EvalJob:
             raise
         raise ValueError(f"--tasks: {err}") from None
     base = None if adapters is None else adapter_base(adapters, cfg.agents[0].name)
+    out = args.out or (adapters.parent if adapters is not None else Path("runs/eval-base"))
+    problem = _out_problem("--out", out)
+    if problem:
+        raise ValueError(problem)
     return _EvalJob(
         tasks,
         args.tasks or cfg.eval.source or "arithmetic (held out)",
-        args.out or (adapters.parent if adapters is not None else Path("runs/eval-base")),
+        out,
         adapters,
         base or cfg.model.path,
     )
@@ -433,9 +489,10 @@ def _eval(cfg: RunConfig, job: _EvalJob) -> int:
     return 0
 
 
-def _stopped(err: BaseException) -> str:
-    """The message of a run that stopped on purpose, with its notes (where to resume)."""
-    return "\n".join([f"mappa: {err}", *getattr(err, "__notes__", [])])
+def _stopped(message: object, err: BaseException) -> str:
+    """The message of a run that stopped on purpose, with ``err``'s notes (where to
+    resume)."""
+    return "\n".join([f"mappa: {message}", *getattr(err, "__notes__", [])])
 
 
 def _fmt(value: object) -> str:
@@ -648,7 +705,7 @@ def _coach_check(args: argparse.Namespace) -> int:
         with _serving(server):
             scores, seconds = timed_score(_check_coach(cfg), contexts)
     except CoachFatalError as err:
-        print(_stopped(err), file=sys.stderr)
+        print(_stopped(err, err), file=sys.stderr)
         return 1
     except _ServerStartError as err:
         print(f"mappa: {err}", file=sys.stderr)
@@ -755,6 +812,10 @@ def _report(args: argparse.Namespace) -> int:
         print("mappa: several runs need --out DIR for their common report", file=sys.stderr)
         return 2
     out = args.out or args.runs[0] / "report"
+    problem = _out_problem("--out", args.out)
+    if problem:
+        print(f"mappa: {problem}", file=sys.stderr)
+        return 2
     try:
         page = write_report(args.runs, out)
     except (MissingReportDependency, FileNotFoundError, ValueError) as err:
@@ -770,6 +831,10 @@ def _experiment(args: argparse.Namespace) -> int:
     from mappa.experiment.runner import Experiment
     from mappa.report.charts import MissingReportDependency
 
+    problem = _out_problem("--out", args.out) or _out_problem("--records", args.records)
+    if problem:
+        print(f"mappa: {problem}", file=sys.stderr)
+        return 2
     _setup_logging()
     try:
         experiment = Experiment(args.config, args.out, args.overrides, args.records)
@@ -819,6 +884,16 @@ NO_ESTIMATE = (
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``mappa``: every command; Ctrl-C is one line (with where a run can go on), exit 130
+    as a shell reports an interrupted program, not a traceback."""
+    try:
+        return _command(argv)
+    except KeyboardInterrupt as err:
+        print(_stopped("interrupted", err), file=sys.stderr)
+        return 130
+
+
+def _command(argv: list[str] | None) -> int:
     args = _parse(argv)
     if args.command == "coach-serve":  # needs no run config
         return _coach_serve(args)
@@ -853,6 +928,8 @@ def main(argv: list[str] | None = None) -> int:
             from mappa.run.checkpoint import check_resumable
 
             check_resumable(resume, cfg)
+        elif args.command == "train":
+            _check_fresh_run_dir(cfg.run_dir)
         if args.command == "eval":
             eval_job = _eval_job(cfg, args)
     except (ConfigError, ValueError, OSError) as err:
@@ -880,7 +957,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _train(cfg, resume) if eval_job is None else _eval(cfg, eval_job)
     except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkflowFailed) as err:
-        print(_stopped(err), file=sys.stderr)
+        print(_stopped(err, err), file=sys.stderr)
         return 1
     except TrackerError as err:
         print(f"mappa: {err}", file=sys.stderr)

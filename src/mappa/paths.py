@@ -38,3 +38,16 @@ def run_config_file(run_dir: Path) -> Path:
     if not config.is_file():
         raise FileNotFoundError(f"{run_dir}: not a training run (no config.yaml)")
     return config
+
+
+def fresh_run_dir_problem(run_dir: Path) -> str | None:
+    """Why a new run cannot write to ``run_dir`` (expanded): a file is there, or the records
+    of another run, which two runs would mix; None when it may."""
+    if run_dir.exists() and not run_dir.is_dir():
+        return f"run_dir {run_dir}: is a file; choose another run_dir"
+    if (run_dir / "metrics.jsonl").exists() or (run_dir / "episodes.jsonl").exists():
+        return (
+            f"run_dir {run_dir} already holds a run; choose another run_dir, or continue it "
+            f"with `mappa train --resume {run_dir}`"
+        )
+    return None

@@ -175,14 +175,15 @@ def _link_adapters(run_dir: Path, ckpt: Path) -> None:
     _fsync(run_dir)
 
 
-def resume_hint(run_dir: Path) -> str:
-    """What a user whose run stopped can do next: where its newest checkpoint is."""
+def resume_hint(run_dir: Path, then: str = "after fixing this, ") -> str:
+    """What a user whose run stopped can do next (``then``: what comes first): where its
+    newest checkpoint is."""
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
-        return f"No checkpoint was written in {run_dir}; after fixing this, start a new run."
+        return f"No checkpoint was written in {run_dir}; {then}start a new run."
     step = json.loads((ckpt / "checkpoint.json").read_text())["step"]
     return (
-        f"The newest checkpoint is step {step} ({ckpt}); after fixing this, continue with "
+        f"The newest checkpoint is step {step} ({ckpt}); {then}continue with "
         f"`mappa train --resume {run_dir}`."
     )
 

@@ -28,7 +28,7 @@ from mappa.coach.stats import NoSignalWatch
 from mappa.config import RunConfig
 from mappa.jsonl import append_jsonl, read_jsonl
 from mappa.models.sync_probe import StaleAdapterError
-from mappa.paths import expand_run_dir
+from mappa.paths import expand_run_dir, fresh_run_dir_problem
 from mappa.provenance import note_code
 from mappa.records import append_episodes
 from mappa.rl.kl import KLController
@@ -53,8 +53,9 @@ log = logging.getLogger(__name__)
 def resolve_run_dir(run_dir: Path) -> Path:
     """Expand ``{time}`` in the configured run dir; refuse to mix two runs in one dir."""
     path = expand_run_dir(run_dir)
-    if (path / "metrics.jsonl").exists() or (path / "episodes.jsonl").exists():
-        raise FileExistsError(f"{path} already holds a run; choose another run_dir")
+    problem = fresh_run_dir_problem(path)
+    if problem:
+        raise FileExistsError(problem)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -179,6 +180,9 @@ def train(
             checkpoint.save_checkpoint(run_dir, max(start, cfg.train.steps), state)
     except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkerLost, WorkflowFailed) as err:
         err.add_note(checkpoint.resume_hint(run_dir))
+        raise
+    except KeyboardInterrupt as err:
+        err.add_note(checkpoint.resume_hint(run_dir, then=""))
         raise
     finally:
         runner.close()

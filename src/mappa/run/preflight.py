@@ -151,7 +151,7 @@ def _url_problem(key: str, url: str) -> str | None:
     return None
 
 
-def _writable_problem(key: str, target: Path, *, is_file: bool) -> str | None:
+def writable_problem(key: str, target: Path, *, is_file: bool) -> str | None:
     """``target`` (a file, or a directory) can be created or written where it is."""
     import os
     import tempfile
@@ -291,7 +291,7 @@ def _coach_problems(cfg: RunConfig) -> list[str]:
         )
     if asked and c.cache.mode != "off":
         path = Path(c.cache.path) if c.cache.path else cache_root() / "coach_cache.sqlite"
-        out.append(_writable_problem("coach.cache.path", path, is_file=True))
+        out.append(writable_problem("coach.cache.path", path, is_file=True))
     return [p for p in out if p is not None]
 
 

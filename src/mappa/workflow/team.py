@@ -260,6 +260,29 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     else:
         running = True
     if not running:
-        return asyncio.run(coro)
+        return _run_interruptible(coro)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+def _run_interruptible(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` without its Ctrl-C handler. That handler only cancels the main task,
+    which takes effect at the next ``await``; a batched ``generate`` is one long synchronous
+    call, so Ctrl-C waited for the whole batch (minutes). Here Ctrl-C raises
+    ``KeyboardInterrupt`` where the code is, as outside a loop; the tasks left are then
+    cancelled and the loop closed, as ``asyncio.run`` does."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
