@@ -959,7 +959,7 @@ def _command(argv: list[str] | None) -> int:
     except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkflowFailed) as err:
         print(_stopped(err, err), file=sys.stderr)
         return 1
-    except TrackerError as err:
+    except (TrackerError, ConfigError) as err:  # ConfigError: found once the model loaded
         print(f"mappa: {err}", file=sys.stderr)
         return 2
 

@@ -385,3 +385,20 @@ def test_a_bf16_model_runs_no_token_sized_float32_matmul_in_its_logprob_pass(
         out = pol.completion_logprobs("solver", prompts, completions)
     assert counter.hits == []
     assert torch.isfinite(out.logprobs).all()
+
+
+def test_a_lora_target_the_model_lacks_is_one_line_naming_its_layers(
+    tiny_model_dir: Path,
+) -> None:
+    """Not a PEFT traceback after the load: the missing names and the linear layers there
+    are; dotted suffixes and ``all-linear`` pass, as PEFT matches them."""
+    from mappa.config import ConfigError
+
+    base, tok = load_base(str(tiny_model_dir), "float32", "cpu")
+    with pytest.raises(ConfigError) as err:
+        AgentPolicies(base, tok, ["solver"], LoraConfig(target_modules=["q_proj", "foo"]))
+    message = str(err.value)
+    assert message.startswith("model.lora.target_modules: foo not in this model; its linear")
+    assert "q_proj" in message and "\n" not in message
+    for ok in (["self_attn.q_proj"], ["all-linear"]):
+        policies_module.check_target_modules(base, ok)

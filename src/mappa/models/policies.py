@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from mappa.config import ConfigError, reserved_name_problem
 from mappa.config import LoraConfig as LoraSettings
-from mappa.config import reserved_name_problem
 from mappa.models.decoding import stop_ids
 from mappa.models.interface import TokenLogprobs
 from mappa.models.tensors import LOGPROB_CHUNK_TOKENS, left_pad, token_logprobs
@@ -132,6 +132,27 @@ def check_agent_names(base: Any, agents: Sequence[str]) -> None:
             )
 
 
+def check_target_modules(base: torch.nn.Module, targets: Sequence[str]) -> None:
+    """Every ``model.lora.target_modules`` name names a module of ``base`` as PEFT matches
+    them (a name or a dotted suffix of one; ``all-linear``): PEFT would otherwise stop the
+    run with a traceback, after the model loaded, without saying which names there are.
+    ``ConfigError`` names the missing ones and the linear layers to choose from."""
+    names = [n for n, _ in base.named_modules()]
+    missing = [
+        t
+        for t in targets
+        if t != "all-linear" and not any(n == t or n.endswith(f".{t}") for n in names)
+    ]
+    if missing:
+        linear = {
+            n.rsplit(".", 1)[-1] for n, m in base.named_modules() if isinstance(m, torch.nn.Linear)
+        }
+        raise ConfigError(
+            f"model.lora.target_modules: {', '.join(missing)} not in this model; its linear "
+            f"layers: {', '.join(sorted(linear))}"
+        )
+
+
 class AgentPolicies:
     """All agents' policies over one base model.
 
@@ -165,6 +186,7 @@ class AgentPolicies:
         from peft import LoraConfig, PeftModel, get_peft_model
 
         check_agent_names(base, agents)
+        check_target_modules(base, lora.target_modules)
         self.tokenizer = tokenizer
         self.agents = list(agents)
         self.base_name = base_name
