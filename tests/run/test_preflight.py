@@ -730,3 +730,20 @@ def test_a_held_out_set_that_overlaps_training_is_refused_before_the_run(
     assert main(["train", "--dry-run", HUB, *sources, f"run_dir={run_dir}"]) == 2
     assert capsys.readouterr().err.startswith("mappa: eval.source: 7 problem(s) of ")
     assert not run_dir.exists()
+
+
+def test_a_ray_address_where_nothing_answers_is_refused_before_ray_retries() -> None:
+    """``cluster.address`` host:port or ray://host:port with nothing listening (a real
+    closed loopback port): one line naming the key and the fix, instead of Ray's ~45 s of
+    retries; ``auto`` and a private cluster (null) are left to Ray."""
+    pytest.importorskip("ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed when the block ends
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        problem = preflight._cluster_problem(_cfg(f"cluster.address={address}"))
+        assert problem is not None and problem.startswith(
+            f"cluster.address: nothing answers at {address} (127.0.0.1: Connection refused)"
+        )
+        assert "ray start --head" in problem
+    assert preflight._cluster_problem(_cfg("cluster.address=auto")) is None

@@ -39,7 +39,7 @@ from mappa.cluster.remote import (
 )
 from mappa.cluster.update import remote_update
 from mappa.cluster.worker import CoachWorker, PolicyWorker
-from mappa.config import ActorResources, ClusterConfig, RunConfig
+from mappa.config import ActorResources, ClusterConfig, ConfigError, RunConfig
 from mappa.records import Episode
 from mappa.rl.kl import KLController
 from mappa.run import build
@@ -64,7 +64,15 @@ def connect(cluster: ClusterConfig) -> bool:
     if ray.is_initialized():
         return False
     if cluster.address is not None:
-        ray.init(address=cluster.address)
+        try:
+            ray.init(address=cluster.address)
+        except ConnectionError as err:  # Ray's: no cluster where the address says
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise ConfigError(
+                f"cluster.address={cluster.address}: no Ray cluster answers ({first}); "
+                "start one (`ray start --head`), or set cluster.address: null for a private "
+                "one"
+            ) from None
     else:
         store = None if cluster.object_store_mb is None else cluster.object_store_mb * 2**20
         ray.init(

@@ -97,6 +97,18 @@ def _cluster_problem(cfg: RunConfig) -> str | None:
             "cluster: running on Ray needs Ray, which is not installed here; install the "
             "extra (`pip install -e '.[ray]'`) or remove the cluster section"
         )
+    address = None if cfg.cluster is None else cfg.cluster.address
+    if address is None or address == "auto":
+        return None  # auto: Ray finds it, or says so in one line (cluster.launch)
+    from mappa.hub import unreachable
+
+    url = address if "://" in address else f"tcp://{address}"
+    problem = unreachable(url)  # else Ray retries for ~45 s before it gives up
+    if problem:
+        return (
+            f"cluster.address: nothing answers at {address} ({problem}); start the cluster "
+            "(`ray start --head` prints its address) or fix the address"
+        )
     return None
 
 
