@@ -747,3 +747,53 @@ def test_a_ray_address_where_nothing_answers_is_refused_before_ray_retries() -> 
         )
         assert "ray start --head" in problem
     assert preflight._cluster_problem(_cfg("cluster.address=auto")) is None
+
+
+def test_a_coach_url_where_another_kind_of_server_listens_is_refused(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A real web server on loopback that is not an OpenAI-compatible one (``python -m
+    http.server``: ``GET /v1/models`` is 404) is refused in one line before the first
+    rollout; one that lists its models passes."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from conftest import tiny_run_config
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the name http.server dispatches to
+            body = b'{"object": "list", "data": [{"id": "coach"}]}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class Files(SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    http = ["coach.backend=http", "coach.cache.mode=off"]
+    for handler, refused in ((Files, True), (Models, False)):
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+            cfg = tiny_run_config(
+                tiny_model_dir, tmp_path / "run", *http, f"coach.http.base_url={url}"
+            )
+            problem = preflight.coach_unreachable(cfg)
+        finally:
+            server.shutdown()
+            server.server_close()
+        if refused:
+            assert problem == (
+                f"coach.http.base_url: {url} is not an OpenAI-compatible server (GET "
+                f"{url}/models: HTTP 404); point it at the coach server's API root (usually "
+                "ending in /v1)"
+            )
+        else:
+            assert problem is None

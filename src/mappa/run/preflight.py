@@ -446,7 +446,7 @@ def coach_unreachable(cfg: RunConfig, timeout_s: float = COACH_PROBE_S) -> str |
     url = c.http.base_url
     err = connect_error(url, timeout_s)  # a malformed URL: check() names it
     if err is None:
-        return None
+        return _not_openai(url, timeout_s)
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     fix = (
@@ -458,6 +458,36 @@ def coach_unreachable(cfg: RunConfig, timeout_s: float = COACH_PROBE_S) -> str |
     if isinstance(err, socket.gaierror):
         return f"coach.http.base_url: {url}: host {parts.hostname!r} is unknown ({err}); {fix}"
     return f"coach.http.base_url: {url} accepts no connection ({err or 'timed out'}); {fix}"
+
+
+def _not_openai(url: str, timeout_s: float) -> str | None:
+    """Why the server at ``url`` is not an OpenAI-compatible one, or None: ``GET
+    <url>/models`` (every such server lists its models there) answers 404 or not JSON
+    where another kind of server listens, e.g. a web server on the port, or the URL
+    lacks its ``/v1``. A refusal for want of a key, a timeout or a dropped connection says
+    nothing about the kind and passes (the key is checked apart)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    target = url.rstrip("/") + "/models"
+    try:
+        with urllib.request.urlopen(target, timeout=timeout_s) as response:  # noqa: S310
+            json.loads(response.read(1 << 20))
+    except urllib.error.HTTPError as err:
+        if err.code != 404:
+            return None
+        why = "HTTP 404"
+    except ValueError:
+        why = "not JSON"
+    except OSError:
+        return None
+    else:
+        return None
+    return (
+        f"coach.http.base_url: {url} is not an OpenAI-compatible server (GET {target}: "
+        f"{why}); point it at the coach server's API root (usually ending in /v1)"
+    )
 
 
 def check_coach_reachable(cfg: RunConfig) -> None:
