@@ -84,6 +84,13 @@ def test_task_files(tmp_path: Path) -> None:
         load_tasks("arithmetc", 0, 1, 0)
 
 
+def test_a_task_source_under_home_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``~`` is the home directory, as in a shell: a config is not read by one."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "t.jsonl").write_text('{"prompt": "1+1?", "answer": 2}\n')
+    assert [t.prompt for t in load_tasks("~/t.jsonl", 0, 1, 0)] == ["1+1?"]
+
+
 def test_a_directory_without_a_saved_dataset_says_what_a_source_is(tmp_path: Path) -> None:
     """Refused before ``datasets`` is imported (whose message names neither the directory's
     role nor the fix); a folder of saved splits names them."""

@@ -99,8 +99,10 @@ def load_dsbench(source: str, num_tasks: int, seed: int, root: str | None = None
     else:
         from mappa.tasks.dsbench.loader import load_task_list
 
-        listing = Path(source[len(DSBENCH_PREFIX) :])
-        specs, problems = load_task_list(listing, Path(root) if root else listing.parent)
+        listing = Path(source[len(DSBENCH_PREFIX) :]).expanduser()
+        specs, problems = load_task_list(
+            listing, Path(root).expanduser() if root else listing.parent
+        )
         if problems:
             raise FileNotFoundError(
                 f"{listing}: {len(problems)} task(s) cannot load: " + "; ".join(problems[:5])
@@ -130,7 +132,7 @@ def load_tasks(
         return generate(num_tasks, seed=seed, difficulty=difficulty)
     if source.startswith(HF_PREFIX):
         return load_hub_dataset(source, columns)
-    path = Path(source)
+    path = Path(source).expanduser()
     if path.is_dir():
         return load_dataset_dir(path, columns)
     if not path.is_file():
