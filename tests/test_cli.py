@@ -121,7 +121,11 @@ def no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("command", "name", "message"),
     [
-        ("report", "no-run", "no such run directory"),
+        (
+            "report",
+            "no-run",
+            "no such run directory; give a run directory `mappa train` wrote (its run_dir)",
+        ),
         ("experiment", "none.yaml", "experiment file not found"),
     ],
 )

@@ -259,7 +259,8 @@ def _refusal(path: Path) -> str:
 
 def test_a_misread_experiment_file_is_one_line_naming_the_fix(tmp_path: Path) -> None:
     """A run config given as an experiment (the reverse of what `mappa train` says about an
-    experiment file), an empty file, a YAML syntax error, ``seed:`` for ``seeds:``."""
+    experiment file), an empty file, a YAML syntax error, ``seed:`` for ``seeds:``, a list
+    for a mapping."""
     run_config = shipped_configs() / "smoke.yaml"
     keys = "run_dir, seed, model, rollout, workflow, agents, tasks, eval, coach, rl, sandbox, train"
     assert _refusal(run_config) == (
@@ -277,6 +278,10 @@ def test_a_misread_experiment_file_is_one_line_naming_the_fix(tmp_path: Path) ->
     )
     typo = _experiment(tmp_path, GOOD.replace("seeds:", "seed:"))
     assert _refusal(typo) == f"{typo}: seed: unknown key; did you mean seeds?"
+    listed = _experiment(tmp_path, "- base: smoke.yaml\n")
+    assert _refusal(listed) == (
+        f"{listed}: the top level must be a mapping of keys (key: value lines), not a list"
+    )
 
 
 def test_command_line_overrides_reach_every_run_and_bad_files_exit_2(

@@ -3,6 +3,8 @@ the command line runs."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,28 @@ def test_load_config_checks_as_the_command_line_does() -> None:
         mappa.load_config(default_config(), ["rl.lrr=0.1"])
     with pytest.raises(TypeError, match=r"give a list of key=value strings, e.g. \['rl.lr=1'\]"):
         mappa.load_config(default_config(), "rl.lr=1")
+
+
+def test_a_config_is_a_path_a_shipped_name_or_a_run_config() -> None:
+    """As ``--config`` takes: a shipped config by name; a dict (a config already read) is
+    one line saying how to make it a RunConfig, not ``Path``'s message about os.PathLike."""
+    assert mappa.load_config("demo") == load_config(default_config())
+    message = (
+        "config: give a config file's path or a shipped config's name, not a dict (train and "
+        "evaluate take a RunConfig too: mappa.config.RunConfig.model_validate(d) builds one "
+        "from a dict d)"
+    )
+    for call in (mappa.load_config, mappa.train):
+        with pytest.raises(TypeError) as err:
+            call({"seed": 1})  # type: ignore[arg-type]
+        assert str(err.value) == message
+
+
+def test_python_dash_m_mappa_runs_the_command_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mappa", "--version"], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == f"mappa {mappa.__version__}"
 
 
 def test_evaluate_refuses_missing_adapters_before_a_model_loads(

@@ -31,13 +31,29 @@ def __getattr__(name: str) -> Any:
 
 
 def load_config(config: str | PathLike[str], overrides: Sequence[str] = ()) -> RunConfig:
-    """A run config read from its file with ``key.path=value`` ``overrides``, checked as the
-    command line checks it (``mappa.config.ConfigError`` names the key and the file)."""
+    """A run config read from its file, or a config shipped with mappa by name (``demo``,
+    as ``--config`` takes), with ``key.path=value`` ``overrides``, checked as the command
+    line checks it (``mappa.config.ConfigError`` names the key and the file)."""
     from mappa.config import load_config as load
 
+    if not isinstance(config, str | PathLike):  # a dict is a config already read
+        raise TypeError(
+            f"config: give a config file's path or a shipped config's name, not a "
+            f"{type(config).__name__} (train and evaluate take a RunConfig too: "
+            "mappa.config.RunConfig.model_validate(d) builds one from a dict d)"
+        )
     if isinstance(overrides, str):  # a str is a sequence of one-letter "overrides"
         raise TypeError(f"overrides: give a list of key=value strings, e.g. [{overrides!r}]")
-    return load(Path(config), list(overrides))
+    return load(_config_file(config), list(overrides))
+
+
+def _config_file(config: str | PathLike[str]) -> Path:
+    """``config``, else the shipped config it names; a path that is neither is left to the
+    loader to refuse."""
+    from mappa.experiment.spec import shipped_config
+
+    path = Path(config)
+    return path if path.exists() else shipped_config(str(config)) or path
 
 
 def _config(config: RunConfig | str | PathLike[str], overrides: Sequence[str]) -> RunConfig:

@@ -220,3 +220,12 @@ def test_an_unopenable_cache_falls_back_to_memory(
     CachedCoach(inner, cache, "ns").score([ctx(1)])
     CachedCoach(inner, cache, "ns").score([ctx(1)])
     assert inner.seen == 1  # still a cache for this run
+
+
+def test_a_user_template_under_home_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``~`` is the home directory, as in a shell: a config is not read by one."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "judge.yaml").write_text("system: judge\nuser: 'Task {task}, output {output}'\n")
+    assert load_template("~/judge.yaml").user == "Task {task}, output {output}"

@@ -39,6 +39,40 @@ def test_an_override_typo_names_the_override_and_the_closest_key(override: str, 
     assert str(err.value) == f"override {override}: unknown key; did you mean {near}?"
 
 
+@pytest.mark.parametrize(
+    ("override", "near"),
+    [
+        ("trian.steps=1", "; did you mean train.steps?"),
+        ("RL.lr=1", "; did you mean rl.lr?"),
+        ("foo.bar=1", ""),
+    ],
+)
+def test_an_unknown_section_an_override_made_names_the_override(override: str, near: str) -> None:
+    """The unknown top-level key is the override's (it made ``trian``), not the file's; the
+    key it likely means is the override's whole key."""
+    with pytest.raises(ConfigError) as err:
+        load_config(default_config(), [override])
+    assert str(err.value) == f"override {override}: unknown key{near}"
+
+
+@pytest.mark.parametrize(
+    ("override", "problem"),
+    [
+        (
+            "workflow.preset=mathchatt",
+            "'mathchatt' is no shipped preset ['dsbench', 'mathchat'] nor a file; did you mean "
+            "'mathchat'?",
+        ),
+        ("workflow.preset=3", "must be a preset name or a file path, not 3"),
+        ("workflow=3", "must be a mapping"),
+    ],
+)
+def test_a_bad_preset_an_override_set_names_the_override(override: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(default_config(), [override])
+    assert str(err.value) == f"override {override}: {problem}"
+
+
 def test_an_override_of_a_section_another_override_replaced_is_still_refused() -> None:
     with pytest.raises(ConfigError, match=r"^override rl=5: a section, not a value; set its"):
         load_config(default_config(), ["rl.lr=1", "rl=5"])
@@ -211,8 +245,13 @@ def test_preset_supplies_the_pipeline_and_a_config_overrides_only_what_differs(
 def test_preset_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"\['modeller'\] not in the preset's agents"):
         load_config(write_yaml(tmp_path, "workflow: {preset: dsbench}\nagents: {modeller: {}}\n"))
-    with pytest.raises(ConfigError, match=r"no such preset \['dsbench', 'mathchat'\]"):
-        load_config(write_yaml(tmp_path, "workflow: {preset: mathchatt}\n"))
+    path = write_yaml(tmp_path, "workflow: {preset: mathchatt}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (
+        f"{path}: workflow.preset: 'mathchatt' is no shipped preset ['dsbench', 'mathchat'] "
+        "nor a file; did you mean 'mathchat'?"
+    )
     with pytest.raises(ConfigError, match=r"agents: Field required"):
         load_config(write_yaml(tmp_path, "workflow: {preset: null}\n"))
     with pytest.raises(ConfigError, match=r"no list index or name 'nobody'"):

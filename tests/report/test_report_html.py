@@ -41,11 +41,20 @@ def test_a_run_being_written_reads_without_its_torn_lines(tmp_path: Path) -> Non
 
 
 def test_missing_run_dir_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no such run directory"):
-        load_run(tmp_path / "nope")
+    """Each says what the path is instead, and what to give."""
+    fix = "give a run directory `mappa train` wrote (its run_dir)"
+    cases = {
+        tmp_path / "nope": f"no such run directory; {fix}",
+        tmp_path / "empty": f"not a run (no metrics.jsonl or episodes.jsonl); {fix}, after its "
+        "first step",
+        tmp_path / "a-file": f"is a file; {fix}",
+    }
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="not a run"):
-        load_run(tmp_path / "empty")
+    (tmp_path / "a-file").write_text("")
+    for path, problem in cases.items():
+        with pytest.raises(FileNotFoundError) as err:
+            load_run(path)
+        assert str(err.value) == f"{path}: {problem}"
 
 
 def test_run_labels_disambiguate_same_names(tmp_path: Path) -> None:

@@ -204,18 +204,25 @@ def test_a_run_saved_before_a_key_existed_resumes_under_its_default(
     assert config_differences(saved, quiet) == []  # resumable: computes nothing
 
 
-def test_a_damaged_checkpoint_falls_back_to_an_intact_older_one(tmp_path: Path) -> None:
-    """Checksums recorded at save: a file cut short or missing is named; an older intact
-    checkpoint, where one is kept, is used instead; a checkpoint from before checksums
-    were recorded is taken as it is."""
-    root = tmp_path / "checkpoints"
-    for step in (1, 2):
+def _checkpoints(run_dir: Path, steps: tuple[int, ...] = (1, 2)) -> Path:
+    """Complete checkpoints of ``steps`` (small files, their checksums recorded); returns
+    the checkpoints' directory."""
+    root = run_dir / "checkpoints"
+    for step in steps:
         ckpt = root / f"step-{step:06d}"
         (ckpt / "adapters").mkdir(parents=True)
         (ckpt / "state.pt").write_bytes(b"state" * 100)
         (ckpt / "adapters" / "weights").write_bytes(b"w" * 10)
         meta = {"step": step, "offsets": {}, "sha256": checkpoint._digests(ckpt)}
         (ckpt / "checkpoint.json").write_text(json.dumps(meta))
+    return root
+
+
+def test_a_damaged_checkpoint_falls_back_to_an_intact_older_one(tmp_path: Path) -> None:
+    """Checksums recorded at save: a file cut short or missing is named; an older intact
+    checkpoint, where one is kept, is used instead; a checkpoint from before checksums
+    were recorded is taken as it is."""
+    root = _checkpoints(tmp_path)
     assert checkpoint.resumable_checkpoint(tmp_path).name == "step-000002"
     newest = root / "step-000002"
     (newest / "adapters" / "weights").unlink()
@@ -231,3 +238,35 @@ def test_a_damaged_checkpoint_falls_back_to_an_intact_older_one(tmp_path: Path) 
     meta = json.loads((newest / "checkpoint.json").read_text())
     (newest / "checkpoint.json").write_text(json.dumps({**meta, "sha256": None}))
     assert checkpoint.resumable_checkpoint(tmp_path) == newest  # older format: no check
+
+
+def test_an_unreadable_checkpoint_record_is_a_damaged_checkpoint(tmp_path: Path) -> None:
+    """A ``checkpoint.json`` cut short is named like any damaged file: an older intact
+    checkpoint is used, else one line naming the file and how to start again; the hint
+    after a failed step says so rather than failing on it."""
+    root = _checkpoints(tmp_path)
+    record = root / "step-000002" / "checkpoint.json"
+    record.write_text("{broken\n")
+    problem = f"{record} is not the record that was written (no JSON with a step)"
+    assert checkpoint.damage(record.parent) == problem
+    assert checkpoint.resumable_checkpoint(tmp_path).name == "step-000001"
+    assert checkpoint.steps_done(tmp_path) == 1
+    shutil.rmtree(root / "step-000001")
+    restart = f"start the run again (`mappa train --config {tmp_path / 'config.yaml'} run_dir="
+    with pytest.raises(ValueError) as err:
+        checkpoint.resumable_checkpoint(tmp_path)
+    assert str(err.value) == (
+        f"{problem}: the checkpoint is damaged and no older one is kept; {restart}<a new dir>`)"
+    )
+    assert checkpoint.resume_hint(tmp_path).startswith(
+        f"The newest checkpoint is damaged ({problem})"
+    )
+
+
+def test_a_run_without_a_checkpoint_says_to_start_it_again(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as err:
+        checkpoint.resumable_checkpoint(tmp_path)
+    assert str(err.value) == (
+        f"{tmp_path}: no complete checkpoint to resume from; start the run again (`mappa train "
+        f"--config {tmp_path / 'config.yaml'} run_dir=<a new dir>`)"
+    )

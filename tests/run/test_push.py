@@ -144,6 +144,20 @@ def test_push_inputs_are_checked_in_one_line_each(
     assert main(["push", str(run_dir), "--repo", "me/team", "--dry-run", str(a_file)]) == 2
     err = capsys.readouterr().err
     assert err == f"mappa: {a_file}: is a file; stage into a new or empty directory\n"
+    staged = tmp_path / "d"  # an earlier staging's files would mix with this one's
+    assert main(["push", str(run_dir), "--repo", "me/team", "--dry-run", str(staged)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"mappa: {staged}: not empty (its files would mix with the staged ones); stage into a "
+        "new or empty directory\n"
+    )
+    under_a_file = a_file / "d"
+    assert main(["push", str(run_dir), "--repo", "me/team", "--dry-run", str(under_a_file)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"mappa: {under_a_file}: cannot create it (Not a directory); stage into a new or empty "
+        "directory\n"
+    )
 
 
 def test_a_hub_out_of_reach_or_a_failed_upload_is_one_line(

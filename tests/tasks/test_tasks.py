@@ -84,6 +84,34 @@ def test_task_files(tmp_path: Path) -> None:
         load_tasks("arithmetc", 0, 1, 0)
 
 
+def test_a_task_source_under_home_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``~`` is the home directory, as in a shell: a config is not read by one."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "t.jsonl").write_text('{"prompt": "1+1?", "answer": 2}\n')
+    assert [t.prompt for t in load_tasks("~/t.jsonl", 0, 1, 0)] == ["1+1?"]
+
+
+def test_a_directory_without_a_saved_dataset_says_what_a_source_is(tmp_path: Path) -> None:
+    """Refused before ``datasets`` is imported (whose message names neither the directory's
+    role nor the fix); a folder of saved splits names them."""
+    with pytest.raises(TaskSourceError) as err:
+        load_tasks(str(tmp_path), 0, 1, 0)
+    assert str(err.value).startswith(
+        f"{tmp_path}: a directory that holds no saved dataset; a task source is a JSON/JSONL "
+        "task file, a dataset folder written by save_to_disk (one split), hf:<repo>"
+    )
+    split = tmp_path / "test"
+    split.mkdir()
+    (split / "dataset_info.json").write_text("{}")
+    (split / "state.json").write_text("{}")
+    with pytest.raises(TaskSourceError) as err:
+        load_tasks(str(tmp_path), 0, 1, 0)
+    assert (
+        str(err.value)
+        == f"{tmp_path}: a directory that holds no saved dataset; use one of: {split}"
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "text", "message"),
     [
@@ -111,8 +139,22 @@ def test_task_files(tmp_path: Path) -> None:
             r"t\.jsonl: line 1 has no 'answer' or 'final_answer' answer; its columns: question, "
             r"solution\. Name the answer's column with tasks\.answer_field",
         ),
-        ("t.json", '{\n "tasks": []\n}', r"t\.json: expected a list of tasks .*got one dict"),
-        ("t.json", "[]", r"t\.json: no tasks"),
+        (  # the tasks wrapped in an object: the form, not a prompt column, is the fix
+            "t.json",
+            '{"tasks": [{"prompt": "a", "answer": 1}]}\n',
+            r"t\.json: the top level is a JSON object \(keys: tasks\), not a list of tasks; a "
+            r'task file is a JSON list of \{"prompt": \.\.\., "answer": \.\.\.\} objects, or one '
+            r"such object per line \(JSONL\)$",
+        ),
+        ("t.json", '{\n "tasks": []\n}', r"t\.json: the top level is a JSON object \(keys: tasks"),
+        ("t.json", "[]", r"t\.json: no tasks; a task file is a JSON list of"),
+        ("t.jsonl", "\n", r"t\.jsonl: no tasks; a task file is a JSON list of"),
+        (
+            "t.json",
+            '["1+1?"]',
+            r't\.json: task 0 is not an object \(str\); each task is one, e\.g\. \{"prompt": '
+            r'"1\+1\?", "answer": "2"\}$',
+        ),
         ("t.json", "\ufeff[1", r"t\.json: line 1, column 3: not valid JSON"),
     ],
 )

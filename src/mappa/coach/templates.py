@@ -149,7 +149,7 @@ def load_template(name_or_path: str) -> CoachTemplate:
         source = str(resources.files("mappa.coach") / "prompts" / f"{name_or_path}.yaml")
     else:
         source = name_or_path
-    path = Path(source)
+    path = Path(source).expanduser()
     if not path.is_file():
         raise TemplateError(f"coach template {name_or_path!r}: no such template or file")
     try:

@@ -16,6 +16,9 @@ from pydantic import BaseModel, ValidationError
 
 from mappa.config.schema import ConfigError, RunConfig, WorkflowConfig
 
+TOP_LEVEL = "(top level)"
+"""Where a problem with the document as a whole is, in a list of problems' keys."""
+
 
 class OverrideError(ConfigError):
     """A ``key=value`` override that cannot be applied: it names the override, not the
@@ -60,8 +63,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     for item in overrides:
         if "=" not in item:
             raise OverrideError(f"override {item!r} is not of the form key=value")
-        key, text = item.split("=", 1)
-        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text else "")
+        text = item.split("=", 1)[1]
+        _set_dotted(raw, _key(item), yaml.safe_load(text) if text else "")
     return raw
 
 
@@ -117,7 +120,7 @@ def _override_loc(tree: dict[str, Any], override: str) -> tuple[Any, ...] | None
     ``name`` resolved to its index); None when a later override renamed or replaced it."""
     node: Any = tree
     loc: list[Any] = []
-    for part in override.split("=", 1)[0].strip().split("."):
+    for part in _key(override).split("."):
         if isinstance(node, list):
             try:
                 key: Any = _list_key(node, part, override)
@@ -155,25 +158,41 @@ def format_errors(
     problems = []
     for i, e in enumerate(errors):
         loc = tuple(e["loc"])
-        key = ".".join(str(p) for p in loc) or "(top level)"
+        key = ".".join(str(p) for p in loc) or TOP_LEVEL
         if e["type"] == "missing" and key in meant.values():
             continue
-        if i in meant:
-            msg = "unknown key" + (f"; did you mean {meant[i]}?" if meant[i] else "")
+        setter = _setter(loc, overrides)
+        if i in meant:  # an override's own key is the typo to correct: trian.steps -> train.steps
+            near = closest_key(setter[0], root) if setter else meant[i]
+            msg = "unknown key" + (f"; did you mean {near}?" if near else "")
         else:
             msg = _message(e, key)
-        given = next((o for n in range(len(loc), 0, -1) if (o := overrides.get(loc[:n]))), None)
-        if given is None:
+        if setter is None:
             problems.append((key, msg, False))
-        else:  # the override set this key, or a section holding it
-            at = "" if loc in overrides else f": {key}"
-            problems.append((f"override {given}{at}", msg, True))
+        else:  # the override set this key, a section holding it, or a key inside it
+            at = "" if len(setter[0]) >= len(loc) else f": {key}"
+            problems.append((f"override {setter[1]}{at}", msg, True))
     if len(problems) == 1:
         where, msg, overridden = problems[0]
-        return f"{where}: {msg}" if overridden else f"{source}: {where}: {msg}"
+        if overridden:
+            return f"{where}: {msg}"
+        return f"{source}: {msg}" if where == TOP_LEVEL else f"{source}: {where}: {msg}"
     in_file = not all(overridden for *_, overridden in problems)
     header = f"{source}: invalid {kind}" if in_file else "invalid overrides"
     return "\n".join([header, *(f"  {where}: {msg}" for where, msg, _ in problems)])
+
+
+def _setter(
+    loc: tuple[Any, ...], overrides: dict[tuple[Any, ...], str]
+) -> tuple[tuple[Any, ...], str] | None:
+    """The override behind a problem at ``loc``, with its own location: the one that set
+    ``loc`` or the closest section holding it, else one that set a key inside it (the
+    override ``trian.steps=1`` made the unknown key ``trian``, which the file lacks)."""
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in overrides:
+            return loc[:n], overrides[loc[:n]]
+    inside = [(at, o) for at, o in overrides.items() if loc and at[: len(loc)] == loc]
+    return inside[-1] if inside else None
 
 
 def _message(error: Any, key: str) -> str:
@@ -187,6 +206,9 @@ def _message(error: Any, key: str) -> str:
         close = difflib.get_close_matches(str(value), allowed, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"{value!r} is not one of {', '.join(map(repr, allowed))}{hint}"
+    if kind in ("model_type", "dict_type") and key == TOP_LEVEL:
+        read = "a list" if isinstance(value, list) else repr(value)
+        return f"the top level must be a mapping of keys (key: value lines), not {read}"
     if kind in ("model_type", "dict_type") and not isinstance(value, dict):
         return f"a section, not a value; set its keys ({key}.<key>=..., docs/config.md)"
     if kind == "string_type" and isinstance(value, dict | list):
@@ -233,7 +255,9 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
         path = Path(name_or_path)
     if not path.is_file():
         shipped = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-        raise ConfigError(f"workflow.preset {name_or_path!r}: no such preset {shipped} or file")
+        near = difflib.get_close_matches(name_or_path, shipped, n=1)
+        fix = f"did you mean {near[0]!r}?" if near else "give a preset's name or YAML file"
+        raise ConfigError(f"{name_or_path!r} is no shipped preset {shipped} nor a file; {fix}")
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a preset must be a mapping")
@@ -268,16 +292,34 @@ def with_preset(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     preset unless it names one.
     """
     probe = apply_overrides(copy.deepcopy(raw), overrides)
+    given = [o for o in overrides if _key(o) in ("workflow", "workflow.preset")]
     workflow = probe.get("workflow", {})
     if not isinstance(workflow, dict):
-        raise ConfigError("workflow: must be a mapping")
+        raise _refusal(given, "workflow", "must be a mapping")
     default = None if workflow.get("function") else WorkflowConfig.model_fields["preset"].default
     preset = workflow.get("preset", default)
     if preset is not None and not isinstance(preset, str):
-        raise ConfigError(f"workflow.preset: must be a preset name or a file path, not {preset!r}")
-    merged = _merge(load_preset(preset), raw, "") if preset else raw
+        problem = f"must be a preset name or a file path, not {preset!r}"
+        raise _refusal(given, "workflow.preset", problem)
+    try:
+        merged = _merge(load_preset(preset), raw, "") if preset else raw
+    except ConfigError as err:
+        raise _refusal(given, "workflow.preset", str(err)) from None
     merged.setdefault("workflow", {})["preset"] = preset
     return apply_overrides(merged, overrides)
+
+
+def _refusal(given: list[str], key: str, problem: str) -> ConfigError:
+    """The problem with ``key``, named as the last override in ``given`` (those that set
+    it) if any, since the config file is then not at fault; else as the file's key."""
+    if given:
+        return OverrideError(f"override {given[-1]}: {problem}")
+    return ConfigError(f"{key}: {problem}")
+
+
+def _key(override: str) -> str:
+    """The dotted key of a ``key=value`` override."""
+    return override.split("=", 1)[0].strip()
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:

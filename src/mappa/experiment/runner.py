@@ -70,13 +70,12 @@ def made_by(code: str | None, now: str | None) -> str:
 
 def run_state(run: RunSpec) -> str:
     """``done`` (its final checkpoint is there), ``resume`` (an earlier one is), or ``new``."""
-    from mappa.run.checkpoint import latest_checkpoint
+    from mappa.run.checkpoint import checkpoint_step, latest_checkpoint
 
     ckpt = latest_checkpoint(run.config.run_dir)
     if ckpt is None:
         return "new"
-    step = json.loads((ckpt / "checkpoint.json").read_text())["step"]
-    return "done" if step >= run.config.train.steps else "resume"
+    return "done" if checkpoint_step(ckpt) >= run.config.train.steps else "resume"
 
 
 def _check_runnable(runs: Sequence[RunSpec]) -> None:

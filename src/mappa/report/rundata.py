@@ -156,10 +156,16 @@ def _score_records(ep: EpisodeView, step: int, final_agent: str | None) -> list[
 def check_run_dir(run_dir: Path) -> None:
     """Raise ``FileNotFoundError`` naming ``run_dir`` unless it is a run directory (it holds
     metrics.jsonl or episodes.jsonl): cheap, so a report checks every path first."""
+    fix = "give a run directory `mappa train` wrote (its run_dir)"
+    if run_dir.is_file():
+        raise FileNotFoundError(f"{run_dir}: is a file; {fix}")
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run directory")
+        raise FileNotFoundError(f"{run_dir}: no such run directory; {fix}")
     if not (run_dir / "metrics.jsonl").exists() and not (run_dir / "episodes.jsonl").exists():
-        raise FileNotFoundError(f"{run_dir}: neither metrics.jsonl nor episodes.jsonl (not a run)")
+        raise FileNotFoundError(
+            f"{run_dir}: not a run (no metrics.jsonl or episodes.jsonl); {fix}, after its "
+            "first step"
+        )
 
 
 def load_run(run_dir: Path, label: str | None = None) -> RunData:

@@ -181,7 +181,10 @@ def resume_hint(run_dir: Path, then: str = "after fixing this, ") -> str:
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         return f"No checkpoint was written in {run_dir}; {then}start a new run."
-    step = json.loads((ckpt / "checkpoint.json").read_text())["step"]
+    try:
+        step = checkpoint_step(ckpt)
+    except ValueError as err:
+        return f"The newest checkpoint is damaged ({err}); {then}{restart(run_dir)}."
     return (
         f"The newest checkpoint is step {step} ({ckpt}); {then}continue with "
         f"`mappa train --resume {run_dir}`."
@@ -201,6 +204,30 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def restart(run_dir: Path) -> str:
+    """How to start a run that cannot be resumed again, under the same config."""
+    config = run_dir / "config.yaml"
+    return f"start the run again (`mappa train --config {config} run_dir=<a new dir>`)"
+
+
+def _meta(ckpt: Path) -> dict[str, Any]:
+    """A complete checkpoint's ``checkpoint.json``; ``ValueError`` naming the file where it
+    is not what ``save_checkpoint`` wrote (a copy cut short, a file overwritten)."""
+    path = ckpt / "checkpoint.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:  # not JSON, or not UTF-8
+        meta = None
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        raise ValueError(f"{path} is not the record that was written (no JSON with a step)")
+    return meta
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    """The steps done at a complete checkpoint; ``ValueError`` where its record is damaged."""
+    return int(_meta(ckpt)["step"])
+
+
 def _digests(ckpt: Path) -> dict[str, str]:
     """sha256 of every file of a checkpoint directory, by its path inside it."""
     out = {}
@@ -217,7 +244,10 @@ def damage(ckpt: Path) -> str | None:
     """What is wrong with a complete checkpoint's files (one missing, or not what was
     written: a disk filled up, a copy cut short), or None. A checkpoint written before
     checksums were recorded is taken as it is."""
-    recorded = json.loads((ckpt / "checkpoint.json").read_text()).get("sha256")
+    try:
+        recorded = _meta(ckpt).get("sha256")
+    except ValueError as err:
+        return str(err)
     if not recorded:
         return None
     found = _digests(ckpt)
@@ -235,7 +265,9 @@ def resumable_checkpoint(run_dir: Path) -> Path:
     without a checkpoint, ``ValueError`` naming the damaged file when none is intact."""
     done = _complete(run_dir)
     if not done:
-        raise FileNotFoundError(f"{run_dir}: no complete checkpoint to resume from")
+        raise FileNotFoundError(
+            f"{run_dir}: no complete checkpoint to resume from; {restart(run_dir)}"
+        )
     problems: list[str] = []
     for ckpt in reversed(done):
         problem = damage(ckpt)
@@ -245,10 +277,7 @@ def resumable_checkpoint(run_dir: Path) -> Path:
             return ckpt
         problems.append(problem)
     older = "no older one is kept" if len(problems) == 1 else "the older ones are damaged too"
-    raise ValueError(
-        f"{problems[0]}: the checkpoint is damaged and {older}; start the run again "
-        f"(`mappa train --config {run_dir / 'config.yaml'} run_dir=<a new dir>`)"
-    )
+    raise ValueError(f"{problems[0]}: the checkpoint is damaged and {older}; {restart(run_dir)}")
 
 
 # ------------------------------------------------------------------------ resuming
@@ -316,7 +345,7 @@ def check_resumable(run_dir: Path, cfg: RunConfig) -> dict[str, Any]:
             "resume with the run's own config, changing only keys `mappa train --help` "
             "lists under --resume"
         )
-    done = _step(ckpt)
+    done = checkpoint_step(ckpt)
     if done >= cfg.train.steps:
         raise ValueError(
             f"{run_dir}: the run already did {done} steps (train.steps={cfg.train.steps}); "
@@ -344,18 +373,14 @@ def write_atomic(path: Path, text: str) -> None:
 
 def steps_done(run_dir: Path) -> int:
     """The steps done by the checkpoint ``restore`` loads (``resumable_checkpoint``)."""
-    return _step(resumable_checkpoint(run_dir))
-
-
-def _step(ckpt: Path) -> int:
-    return int(json.loads((ckpt / "checkpoint.json").read_text())["step"])
+    return checkpoint_step(resumable_checkpoint(run_dir))
 
 
 def restore(run_dir: Path, state: TrainState) -> int:
     """Load the newest checkpoint into ``state``; cut the records back to it; returns the
     steps done. RNG states are restored last, after everything that draws from them."""
     ckpt = resumable_checkpoint(run_dir)
-    meta = json.loads((ckpt / "checkpoint.json").read_text())
+    meta = _meta(ckpt)
     step = int(meta["step"])
     saved = torch.load(ckpt / "state.pt", weights_only=True)
     state.policies.load(ckpt / "adapters")

@@ -189,13 +189,21 @@ Its input, the template filled from the task and the earlier agents' outputs:
 def stage(run_dir: Path, repo_id: str, out: Path) -> list[Path]:
     """Write the repository's files under ``out``; returns them, relative to ``out``.
 
-    Raises ``PushError`` when ``run_dir`` is not a run or lacks an agent's adapter.
+    Raises ``PushError`` when ``run_dir`` is not a run or lacks an agent's adapter, and
+    when ``out`` is a file, holds files already (an earlier staging's would mix with this
+    one's, and be uploaded from it as if they were its) or cannot be created.
     """
     cfg = run_config(run_dir)
     origin = hub_origin(cfg.model.path)
+    fix = "stage into a new or empty directory"
     if out.exists() and not out.is_dir():
-        raise PushError(f"{out}: is a file; stage into a new or empty directory")
-    out.mkdir(parents=True, exist_ok=True)
+        raise PushError(f"{out}: is a file; {fix}")
+    if out.is_dir() and any(out.iterdir()):
+        raise PushError(f"{out}: not empty (its files would mix with the staged ones); {fix}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise PushError(f"{out}: cannot create it ({err.strerror}); {fix}") from None
     files = [Path("README.md"), Path("config.yaml")]
     (out / "README.md").write_text(team_card(cfg, repo_id, run_dir))
     shutil.copyfile(run_dir / "config.yaml", out / "config.yaml")

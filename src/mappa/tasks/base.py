@@ -40,6 +40,20 @@ class Task:
         return Task(spec.task_id, spec.description, None, spec.task_type, spec)
 
 
+TASK_FILE = (
+    'a task file is a JSON list of {"prompt": ..., "answer": ...} objects, or one such '
+    "object per line (JSONL)"
+)
+"""What a task file holds, for the messages that refuse one."""
+
+SOURCES = (
+    "a JSON/JSONL task file, a dataset folder written by save_to_disk (one split), "
+    "hf:<repo>[:<config>]:<split>, arithmetic, dsbench-synthetic, dsbench-sklearn or "
+    "dsbench:<task list>"
+)
+"""What ``tasks.source`` can be, for the messages that refuse one."""
+
+
 class TaskSourceError(ValueError):
     """A task source that cannot be used; the message names the file (and line, if known)."""
 
@@ -139,7 +153,10 @@ def tasks_from_rows(
     for i, row in enumerate(rows):
         at = where[i] if i < len(where) else f"task {i}"
         if not isinstance(row, Mapping):
-            raise TaskSourceError(f"{origin}: {at} is not an object ({type(row).__name__})")
+            raise TaskSourceError(
+                f"{origin}: {at} is not an object ({type(row).__name__}); each task is one, "
+                'e.g. {"prompt": "1+1?", "answer": "2"}'
+            )
         prompt = _first(row, prompts)
         if prompt is None:
             what = " or ".join(repr(p) for p in prompts) + " prompt"

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from mappa.hub import hub_unreachable
-from mappa.tasks.base import DEFAULT_COLUMNS, Columns, Task, tasks_from_rows
+from mappa.tasks.base import (
+    DEFAULT_COLUMNS,
+    SOURCES,
+    Columns,
+    Task,
+    TaskSourceError,
+    tasks_from_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +102,13 @@ def load_hub_dataset(source: str, columns: Columns = DEFAULT_COLUMNS) -> list[Ta
     return tasks_from_rows(data, source, columns=columns)
 
 
+def _saved_dataset(path: Path) -> bool:
+    """Whether ``path`` is a folder ``save_to_disk`` wrote: a dataset (its info and state
+    files) or a dataset dict (its list of splits), as ``datasets.load_from_disk`` tells."""
+    dataset = (path / "dataset_info.json").is_file() and (path / "state.json").is_file()
+    return dataset or (path / "dataset_dict.json").is_file()
+
+
 def _datasets(what: str) -> Any:
     try:
         import datasets
@@ -109,8 +123,14 @@ def load_dataset_dir(path: Path, columns: Columns = DEFAULT_COLUMNS) -> list[Tas
     """Every row of the dataset saved at ``path`` as a Task (columns as in ``tasks_from_rows``).
 
     A ``DatasetDict`` holds one folder per split; point at the split's folder
-    (``data/math/test``) so that train and eval splits are never mixed by accident.
+    (``data/math/test``) so that train and eval splits are never mixed by accident. A
+    directory ``save_to_disk`` did not write is refused before ``datasets`` is imported
+    (its own message says neither what the directory is for nor what to give instead).
     """
+    if not _saved_dataset(path):
+        inside = [str(d) for d in sorted(path.iterdir()) if d.is_dir() and _saved_dataset(d)]
+        fix = f"use one of: {', '.join(inside)}" if inside else f"a task source is {SOURCES}"
+        raise TaskSourceError(f"{path}: a directory that holds no saved dataset; {fix}")
     datasets = _datasets(f"{path} is a directory")
     data = datasets.load_from_disk(str(path))
     if not isinstance(data, datasets.Dataset):

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from mappa.tasks.base import (
     DEFAULT_COLUMNS,
+    PROMPT_FIELDS,
+    TASK_FILE,
     Columns,
     Task,
     TaskSourceError,
@@ -45,17 +47,32 @@ def load_task_file(path: Path, columns: Columns = DEFAULT_COLUMNS) -> list[Task]
             except json.JSONDecodeError as line_err:
                 raise TaskSourceError(
                     f"{path}: line {number}: not valid JSON ({line_err.msg}, column "
-                    f"{line_err.colno}); a task file is a JSON list or one object per line"
+                    f"{line_err.colno}); {TASK_FILE}"
                 ) from None
             where.append(f"line {number}")
-        return tasks_from_rows(rows, str(path), where, columns)
+        return tasks_from_rows(_some(rows, path), str(path), where, columns)
     lines = [n for n, line in enumerate(text.splitlines(), 1) if line.strip()]
-    if isinstance(rows, dict) and len(lines) == 1:  # JSONL of one task
-        return tasks_from_rows([rows], str(path), [f"line {lines[0]}"], columns)
+    if isinstance(rows, dict) and len(lines) == 1 and not _wraps_tasks(rows, columns):
+        return tasks_from_rows([rows], str(path), [f"line {lines[0]}"], columns)  # JSONL of one
     if not isinstance(rows, list):
-        kind = type(rows).__name__
-        raise TaskSourceError(f"{path}: expected a list of tasks (or JSONL), got one {kind}")
-    return tasks_from_rows(rows, str(path), columns=columns)
+        what = f"a JSON object (keys: {', '.join(rows)})" if isinstance(rows, dict) else repr(rows)
+        raise TaskSourceError(f"{path}: the top level is {what}, not a list of tasks; {TASK_FILE}")
+    return tasks_from_rows(_some(rows, path), str(path), columns=columns)
+
+
+def _wraps_tasks(row: dict[str, object], columns: Columns) -> bool:
+    """Whether a file's one object holds the tasks rather than being one (``{"tasks":
+    [...]}``): it has a list and no prompt, so asking for its prompt column would mislead."""
+    prompts = (columns.prompt,) if columns.prompt else PROMPT_FIELDS
+    return any(isinstance(v, list) for v in row.values()) and not any(p in row for p in prompts)
+
+
+def _some(rows: list[object], path: Path) -> list[object]:
+    """``rows``, where the file holds any (an empty one is a file written wrong, not a run
+    of no tasks)."""
+    if not rows:
+        raise TaskSourceError(f"{path}: no tasks; {TASK_FILE}")
+    return rows
 
 
 DSBENCH_PREFIX = "dsbench:"
@@ -82,8 +99,10 @@ def load_dsbench(source: str, num_tasks: int, seed: int, root: str | None = None
     else:
         from mappa.tasks.dsbench.loader import load_task_list
 
-        listing = Path(source[len(DSBENCH_PREFIX) :])
-        specs, problems = load_task_list(listing, Path(root) if root else listing.parent)
+        listing = Path(source[len(DSBENCH_PREFIX) :]).expanduser()
+        specs, problems = load_task_list(
+            listing, Path(root).expanduser() if root else listing.parent
+        )
         if problems:
             raise FileNotFoundError(
                 f"{listing}: {len(problems)} task(s) cannot load: " + "; ".join(problems[:5])
@@ -113,7 +132,7 @@ def load_tasks(
         return generate(num_tasks, seed=seed, difficulty=difficulty)
     if source.startswith(HF_PREFIX):
         return load_hub_dataset(source, columns)
-    path = Path(source)
+    path = Path(source).expanduser()
     if path.is_dir():
         return load_dataset_dir(path, columns)
     if not path.is_file():
