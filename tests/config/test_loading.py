@@ -106,6 +106,12 @@ def test_a_bad_value_is_named_in_a_config_s_words(override: str, message: str) -
     assert str(err.value) == message
 
 
+def test_an_unknown_key_with_no_close_one_says_where_the_keys_are() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(default_config(), ["foo.bar=1"])
+    assert str(err.value) == "override foo.bar=1: unknown key; docs/config.md lists the keys"
+
+
 def test_one_tracker_name_is_the_one_tracker_list() -> None:
     assert load_config(default_config(), ["train.report_to=wandb"]).train.report_to == ["wandb"]
 

@@ -164,7 +164,8 @@ def format_errors(
         setter = _setter(loc, overrides)
         if i in meant:  # an override's own key is the typo to correct: trian.steps -> train.steps
             near = closest_key(setter[0], root) if setter else meant[i]
-            msg = "unknown key" + (f"; did you mean {near}?" if near else "")
+            keys = "docs/config.md" if root is RunConfig else "docs/experiments.md"
+            msg = "unknown key; " + (f"did you mean {near}?" if near else f"{keys} lists the keys")
         else:
             msg = _message(e, key)
         if setter is None:
