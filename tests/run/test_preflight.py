@@ -355,7 +355,8 @@ def test_task_files_name_file_and_line_and_every_problem_is_listed(tmp_path: Pat
     message = _problem(f"tasks.source={bad}")
     assert message == (
         f"tasks.source: {bad}: line 2: not valid JSON (Expecting property name enclosed in "
-        "double quotes, column 17); a task file is a JSON list or one object per line"
+        'double quotes, column 17); a task file is a JSON list of {"prompt": ..., "answer": '
+        "...} objects, or one such object per line (JSONL)"
     )
     dup = tmp_path / "eval.json"
     dup.write_text(json.dumps([{"prompt": p, "id": 7, "answer": 1} for p in "ab"]))

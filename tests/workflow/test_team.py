@@ -35,11 +35,17 @@ def test_ctrl_c_interrupts_a_long_synchronous_call_inside_the_loop_at_once() -> 
             sum(range(1000))
         await other
 
+    # Python's own Ctrl-C handler, as a user's process has it (a library imported by an
+    # earlier test may have replaced it in this one)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     start = time.monotonic()
     timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        run_sync(batch())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_sync(batch())
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - start < 2
     assert cancelled == [True]
 
