@@ -16,3 +16,16 @@ def cut_middle(text: str, limit: int, marker: str = CUT_MARKER) -> str:
     head = limit // 2
     tail = limit - head
     return text[:head] + marker.format(n=len(text) - limit) + text[-tail:]
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message ("" for none): a client library's error
+    cut to what fits a one-line refusal (the rest is often a traceback or a URL dump).
+
+    >>> first_line(ValueError("403 Forbidden\\nrequest id: x"))
+    '403 Forbidden'
+    >>> first_line(ConnectionError())
+    ''
+    """
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""

@@ -250,7 +250,7 @@ def test_an_unreadable_checkpoint_record_is_a_damaged_checkpoint(tmp_path: Path)
     problem = f"{record} is not the record that was written (no JSON with a step)"
     assert checkpoint.damage(record.parent) == problem
     assert checkpoint.resumable_checkpoint(tmp_path).name == "step-000001"
-    assert checkpoint.steps_done(tmp_path) == 1
+    assert checkpoint.checkpoint_step(checkpoint.resumable_checkpoint(tmp_path)) == 1
     shutil.rmtree(root / "step-000001")
     restart = f"start the run again (`mappa train --config {tmp_path / 'config.yaml'} run_dir="
     with pytest.raises(ValueError) as err:

@@ -44,6 +44,7 @@ from mappa.records import Episode
 from mappa.rl.kl import KLController
 from mappa.run import build
 from mappa.run.models import RunModels, WorkerLost
+from mappa.text import first_line
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,8 @@ def connect(cluster: ClusterConfig) -> bool:
         try:
             ray.init(address=cluster.address)
         except ConnectionError as err:  # Ray's: no cluster where the address says
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             raise ConfigError(
-                f"cluster.address={cluster.address}: no Ray cluster answers ({first}); "
+                f"cluster.address={cluster.address}: no Ray cluster answers ({first_line(err)}); "
                 "start one (`ray start --head`), or set cluster.address: null for a private "
                 "one"
             ) from None

@@ -371,15 +371,11 @@ def write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def steps_done(run_dir: Path) -> int:
-    """The steps done by the checkpoint ``restore`` loads (``resumable_checkpoint``)."""
-    return checkpoint_step(resumable_checkpoint(run_dir))
-
-
-def restore(run_dir: Path, state: TrainState) -> int:
-    """Load the newest checkpoint into ``state``; cut the records back to it; returns the
+def restore(run_dir: Path, state: TrainState, ckpt: Path | None = None) -> int:
+    """Load the checkpoint ``ckpt`` (default: ``resumable_checkpoint``, which reads every
+    file of each one it tries) into ``state``; cut the records back to it; returns the
     steps done. RNG states are restored last, after everything that draws from them."""
-    ckpt = resumable_checkpoint(run_dir)
+    ckpt = ckpt or resumable_checkpoint(run_dir)
     meta = _meta(ckpt)
     step = int(meta["step"])
     saved = torch.load(ckpt / "state.pt", weights_only=True)

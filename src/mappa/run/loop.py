@@ -96,7 +96,8 @@ def train(
     if hf_datasets.READ:  # which rows of which revision this run read
         text = json.dumps(list(hf_datasets.READ.values()), indent=1)
         checkpoint.write_atomic(run_dir / "data.json", text + "\n")
-    start = 0 if resume is None else checkpoint.steps_done(run_dir)
+    ckpt = None if resume is None else checkpoint.resumable_checkpoint(run_dir)
+    start = 0 if ckpt is None else checkpoint.checkpoint_step(ckpt)
     # before the models load: a tracker that cannot start (no login, a bad URI) costs no load
     live = Trackers(cfg, run_dir, resume_step=start)
     log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
@@ -128,8 +129,8 @@ def train(
     # the update makes the pass anyway wherever it needs the old log-probs before a step
     recompute_old = cfg.rl.recompute_old_logprobs == "always"
     try:
-        if resume is not None:
-            checkpoint.restore(run_dir, state)  # RNG: last
+        if ckpt is not None:
+            checkpoint.restore(run_dir, state, ckpt)  # RNG: last
         note_code(run_dir, start)
         if start:
             engine.sync(adapters, start)  # the restored adapters

@@ -61,9 +61,9 @@ def _hub_model_problem(key: str, repo: str) -> str | None:
     except ValueError:  # not a valid repo id: left to the loader's own message
         return None
     fix = (
-        "download it where the Hub is reachable (`hf download REPO`) and copy the "
+        f"download it where the Hub is reachable (`hf download {repo}`) and copy the "
         "cache (HF_HOME), or give a local model directory"
-    ).replace("REPO", repo)
+    )
     if hub_offline():
         return f"{key}: {repo} is not in the Hugging Face cache and HF_HUB_OFFLINE is set; {fix}"
     unreachable = hub_unreachable()

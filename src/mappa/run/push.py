@@ -22,6 +22,7 @@ from mappa.config import AgentConfig, RunConfig
 from mappa.hub import hub_unreachable
 from mappa.jsonl import read_jsonl
 from mappa.models.packages import PYPI_PREFIX, hub_origin
+from mappa.text import first_line
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 TAGS = ["mappa", "multi-agent", "lora", "reinforcement-learning"]
@@ -282,6 +283,5 @@ def push(run_dir: Path, repo_id: str, private: bool = False, api: Any = None) ->
                 commit_message=f"mappa push {run_dir.name}",
             )
         except Exception as err:  # HTTP, auth, network: the client's many kinds
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            raise UploadFailed(f"{type(err).__name__}: {first}") from None
+            raise UploadFailed(f"{type(err).__name__}: {first_line(err)}") from None
     return str(url)

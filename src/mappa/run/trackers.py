@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from mappa.config import RunConfig
 from mappa.records import Episode
 from mappa.run.tensorboard import ScalarLog, scalars
+from mappa.text import first_line
 
 SAMPLE_COLUMNS = [
     "step",
@@ -228,10 +229,9 @@ class Trackers:
                 try:
                     tracker = _KINDS[name](cfg, run_dir, ids.get(name))
                 except Exception as err:  # any library's own failure: one line, its fix
-                    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
                     raise TrackerError(
                         f"train.report_to: {name} could not start ({type(err).__name__}: "
-                        f"{first}); {HINTS[name]}"
+                        f"{first_line(err)}); {HINTS[name]}"
                     ) from None
                 self.open.append(tracker)
                 ids[name] = tracker.id

@@ -23,6 +23,7 @@ from mappa.tasks.base import (
     TaskSourceError,
     tasks_from_rows,
 )
+from mappa.text import first_line
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def load_hub_dataset(source: str, columns: Columns = DEFAULT_COLUMNS) -> list[Ta
     try:
         data = load_dataset(hub.repo, hub.config, split=hub.split, revision=hub.revision)
     except Exception as err:  # datasets raises many kinds: not found, offline, bad split
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = first_line(err) or type(err).__name__
         fix = (
             "offline mode reads only the datasets cache: load it once where the Hub is "
             "reachable and copy the cache (HF_HOME), or give a local copy"
