@@ -190,6 +190,13 @@ def _parser() -> argparse.ArgumentParser:
         "no adapters): commit it, and a rerun on any machine skips the runs it holds "
         "(default: <out>/records)",
     )
+    experiment.add_argument(
+        "--look",
+        action="store_true",
+        help="run nothing: take the one look the file's analysis.look states (the spread of "
+        "the primary's per-seed differences, never their mean) from the records, keep it in "
+        "<records>/look.json and print how many seeds it asks for",
+    )
     check = sub.choices["coach-check"]
     given = check.add_mutually_exclusive_group()
     given.add_argument(
@@ -836,6 +843,8 @@ def _experiment(args: argparse.Namespace) -> int:
         print(f"mappa: {problem}", file=sys.stderr)
         return 2
     _setup_logging()
+    if args.look:
+        return _look(args)
     try:
         experiment = Experiment(args.config, args.out, args.overrides, args.records)
     except (ExperimentError, MissingReportDependency) as err:
@@ -849,6 +858,26 @@ def _experiment(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("mappa: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    return 0
+
+
+def _look(args: argparse.Namespace) -> int:
+    """``mappa experiment --look``: read the records, run nothing."""
+    from mappa.experiment import ExperimentError
+    from mappa.experiment.look import look_lines, take_look
+    from mappa.experiment.records import Records
+    from mappa.experiment.runner import default_out
+    from mappa.experiment.spec import load_experiment, plan_runs
+
+    out = args.out or default_out(args.config)
+    try:
+        spec = load_experiment(args.config, args.overrides)
+        runs = plan_runs(spec, args.config, out)
+        look = take_look(spec, runs, Records(args.records or out / "records"))
+    except ExperimentError as err:
+        print(f"mappa: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(look_lines(look, spec, args.config)))
     return 0
 
 

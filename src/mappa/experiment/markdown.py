@@ -3,7 +3,7 @@ reads (and pastes into a write-up); every number is in ``results.json`` too."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -141,8 +141,24 @@ def results_markdown(results: dict[str, Any], title: str) -> str:
             ]
             rows.append([key, base, *values])
         lines += table(["metric", "base", *arms], rows)
+    lines += look_section(results.get("look"))
     lines += verdict_lines(results)
     return "\n".join(lines)
+
+
+def look_section(look: Mapping[str, Any] | None) -> list[str]:
+    """The look taken part way (``mappa.experiment.look``), if one was."""
+    if not look:
+        return []
+    a, b = look["pair"]
+    return [
+        "## The look part way (analysis.look)",
+        "",
+        f"Taken {look['taken']} on seeds {look['seeds']}: the SD of the per-seed differences "
+        f"{a} - {b} was {look['sd']:.3f} (their mean was not read); it decided "
+        f"{look['decided']} seeds ({look['planned']} planned).",
+        "",
+    ]
 
 
 def interval(ci: Sequence[float] | None) -> str:

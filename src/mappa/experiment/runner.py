@@ -26,11 +26,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
 
+from mappa.experiment.look import LOOK_FILE, read_look
 from mappa.experiment.records import Records, action_rows, run_dir_answers
 from mappa.experiment.results import RunRecord, summarize
 from mappa.experiment.spec import ExperimentError, RunSpec, load_experiment, plan_runs
@@ -121,6 +123,15 @@ class Experiment:
         self.records = Records(records or self.out / "records")
         self.recorded = {r.name for r in self.runs if self.records.has(r)}
         _check_runnable([r for r in self.runs if r.name not in self.recorded])
+        look = read_look(self.records.root)
+        if look is not None and look.decided > len(self.spec.seeds):
+            log.warning(
+                "%s: the look in %s asks for %d seeds; the file runs %d",
+                self.file,
+                self.records.root / LOOK_FILE,
+                look.decided,
+                len(self.spec.seeds),
+            )
         if len(self.spec.seeds) == 1:  # after every check: a refused experiment says only why
             log.warning(
                 "%s: one seed per arm: no spread, so no difference can be called", self.file
@@ -311,6 +322,8 @@ class Experiment:
         base = json.loads(base_file.read_text()) if base_file.is_file() else None
         plan = self.spec.analysis
         results = summarize(self.run_records(), base, plan.primary, plan.secondary)
+        look = read_look(self.records.root)
+        results["look"] = None if look is None else asdict(look)
         title = f"Experiment {self.file.stem}"
         (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         page = self.out / "results.md"

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from mappa.config import ConfigError, RunConfig, load_config
 from mappa.config.loading import format_errors, read_yaml
@@ -57,6 +57,31 @@ class CoachServerSpec(Strict):
         )
 
 
+class LookSpec(Strict):
+    """One look part way, at the spread only, stated before the runs: after the first
+    ``after_seeds`` complete seed blocks, the sample SD of the primary comparison's per-seed
+    differences decides how many seeds the experiment runs (``mappa experiment --look``).
+    The differences' mean is not read: a look that saw it could stop on a lucky gap."""
+
+    after_seeds: int = Field(
+        ..., ge=2, description="Complete seed blocks (the file's first seeds) before the look."
+    )
+    seeds_if_sd_above: dict[float, int] = Field(
+        ...,
+        min_length=1,
+        description="SD threshold -> seeds to run when the SD is above it (the largest count "
+        "whose threshold it exceeds); not above any: the file's seeds.",
+    )
+
+    @field_validator("seeds_if_sd_above")
+    @classmethod
+    def _positive(cls, rule: dict[float, int]) -> dict[float, int]:
+        bad = [f"{t}: {n}" for t, n in rule.items() if t <= 0 or n < 2]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: thresholds are SDs > 0, counts >= 2 seeds")
+        return rule
+
+
 class AnalysisSpec(Strict):
     """The comparisons of final held-out accuracy, named before any run
     (``mappa.experiment.verdicts``): the primary is tested alone, the secondary ones are
@@ -69,6 +94,10 @@ class AnalysisSpec(Strict):
         None,
         description="[[A, B], ...]: the other comparisons; null: every pair of arms but the "
         "primary.",
+    )
+
+    look: LookSpec | None = Field(
+        None, description="One look at the primary's spread part way; null: none."
     )
 
     def pairs(self) -> list[tuple[str, str]]:
@@ -138,6 +167,27 @@ class ExperimentConfig(Strict):
                 raise ValueError(f"[{a}, {b}] is named twice")
             seen.append({a, b})
         return analysis
+
+    @model_validator(mode="after")
+    def _look_fits(self) -> ExperimentConfig:
+        look = self.analysis.look
+        if look is None:
+            return self
+        planned = len(self.seeds)
+        if self.analysis.primary is None:
+            raise ValueError("analysis.look reads the primary comparison's spread: name one")
+        if look.after_seeds >= planned:
+            raise ValueError(
+                f"analysis.look.after_seeds={look.after_seeds}: the look comes part way, "
+                f"before the last of the {planned} seeds"
+            )
+        fewer = [n for n in look.seeds_if_sd_above.values() if n <= planned]
+        if fewer:
+            raise ValueError(
+                f"analysis.look.seeds_if_sd_above: {fewer} seeds is not more than the file's "
+                f"{planned}; a look adds seeds, it never cuts them"
+            )
+        return self
 
 
 def _refuse_owned(overrides: list[str], where: str) -> None:
