@@ -460,7 +460,7 @@ def _eval_job(cfg: RunConfig, args: argparse.Namespace) -> _EvalJob:
     """``--adapters``, the sampling flags and the tasks, checked; an error of the tasks
     ``--tasks`` names (a missing or malformed file, problems also in the training set)
     names the flag."""
-    from mappa.run.evaluation import adapter_base, adapters_dir, checked_heldout
+    from mappa.run.evaluation import adapter_base, adapters_dir, checked_heldout, default_out
 
     adapters = adapters_dir(args.adapters, [a.name for a in cfg.agents], "--adapters")
     _eval_flags(cfg, args)
@@ -471,7 +471,7 @@ def _eval_job(cfg: RunConfig, args: argparse.Namespace) -> _EvalJob:
             raise
         raise ValueError(f"--tasks: {err}") from None
     base = None if adapters is None else adapter_base(adapters, cfg.agents[0].name)
-    out = args.out or (adapters.parent if adapters is not None else Path("runs/eval-base"))
+    out = args.out or default_out(adapters)
     problem = _out_problem("--out", out)
     if problem:
         raise ValueError(problem)
@@ -767,10 +767,14 @@ def _config_path(given: Path | None, resume: Path | None, adapters: Path | None)
 
 
 def _run_config(adapters: Path | None) -> Path | None:
-    """The training run's own config, when ``--adapters`` points into a run directory."""
+    """The training run's own config, when ``--adapters`` points into a run directory (its
+    adapters, or one of its checkpoints)."""
+    from mappa.paths import checkpoint_of
+
     if adapters is None:
         return None
-    for run_dir in (adapters, adapters.parent):
+    ckpt = checkpoint_of(adapters)
+    for run_dir in (adapters, adapters.parent, *([] if ckpt is None else [ckpt.parent.parent])):
         if (run_dir / "config.yaml").is_file() and (run_dir / "adapters").is_dir():
             return run_dir / "config.yaml"
     return None

@@ -7,6 +7,20 @@ import os
 from datetime import datetime
 from pathlib import Path
 
+CHECKPOINTS = "checkpoints"
+"""A run's checkpoints folder, ``<run_dir>/checkpoints/step-N``."""
+
+
+def checkpoint_of(path: Path) -> Path | None:
+    """The checkpoint folder (``<run>/checkpoints/step-N``) that ``path`` is, or whose
+    ``adapters/`` it is; None for any other path.
+
+    >>> checkpoint_of(Path("r/checkpoints/step-000002/adapters")), checkpoint_of(Path("r"))
+    (PosixPath('r/checkpoints/step-000002'), None)
+    """
+    folder = path.parent if path.name == "adapters" else path
+    return folder if folder.parent.name == CHECKPOINTS else None
+
 
 def cache_root() -> Path:
     """``$MAPPA_CACHE_DIR``, else ``$XDG_CACHE_HOME/mappa``, else ``~/.cache/mappa``."""

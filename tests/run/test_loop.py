@@ -16,6 +16,7 @@ from mappa.jsonl import read_jsonl
 from mappa.models.loading import load_base
 from mappa.records import read_episodes
 from mappa.run.build import load_policies
+from mappa.run.checkpoint import latest_checkpoint
 from mappa.run.loop import train
 
 AGENTS = ("problem_solver", "code_executor", "verifier")
@@ -186,6 +187,17 @@ def test_cli_run_ends_with_a_summary_and_adapters_travel(
     assert main(args) == 0
     result = json.loads((evaluated / "eval.json").read_text())
     assert result["adapters"] == str(tmp_path / "run" / "adapters") and result["tasks"] == 2
+
+    # a checkpoint's adapters: its run's config, and the output beside the run, not inside
+    # the checkpoint folder (the run's next checkpoint deletes that folder)
+    ckpt = latest_checkpoint(tmp_path / "run")
+    assert ckpt is not None
+    capsys.readouterr()
+    assert main(["eval", "--adapters", str(ckpt), "eval.num_tasks=1"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"mappa eval: config {tmp_path / 'run' / 'config.yaml'}")
+    assert (tmp_path / "run" / f"eval-{ckpt.name}" / "eval.json").is_file()
+    assert not (ckpt / "eval.json").exists()
 
 
 def test_non_finite_loss_skips_that_agents_step_and_k_in_a_row_stop_the_run(

@@ -46,14 +46,13 @@ import yaml
 
 from mappa.config import RESUMABLE_KEYS, RunConfig
 from mappa.jsonl import truncate_jsonl
-from mappa.paths import run_config_file
+from mappa.paths import CHECKPOINTS, run_config_file
 from mappa.rng import as_tuples, set_torch_rng_state, torch_rng_state
 from mappa.run.models import AdapterStore, Stateful
 
 log = logging.getLogger(__name__)
 
 RECORD_FILES = ("episodes.jsonl", "metrics.jsonl", "heldout_episodes.jsonl")
-CHECKPOINTS = "checkpoints"
 
 
 class KLState(Protocol):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mappa.config import RunConfig
+from mappa.paths import checkpoint_of
 from mappa.records import Episode, append_episodes
 from mappa.run.metrics import accuracy, agent_metrics
 from mappa.tasks import Columns, Task, load_tasks
@@ -210,6 +211,24 @@ def adapters_dir(adapters: Path | None, agents: Sequence[str], key: str) -> Path
             "<dir>/<agent>/adapter_config.json); give a run dir or its adapters/ dir"
         )
     return adapters
+
+
+def default_out(adapters: Path | None) -> Path:
+    """Where ``mappa eval`` writes without ``--out``: ``runs/eval-base`` for the untrained
+    base; the run dir for a run's adapters; ``<run>/eval-step-N`` for a checkpoint's (a
+    checkpoint folder is deleted when its run saves the next one, and what was written
+    into it with it).
+
+    >>> default_out(Path("runs/r1/adapters")), default_out(None)
+    (PosixPath('runs/r1'), PosixPath('runs/eval-base'))
+    >>> default_out(Path("runs/r1/checkpoints/step-000004/adapters"))
+    PosixPath('runs/r1/eval-step-000004')
+    """
+    if adapters is None:
+        return Path("runs/eval-base")
+    if (ckpt := checkpoint_of(adapters)) is not None:
+        return ckpt.parent.parent / f"eval-{ckpt.name}"
+    return adapters.parent
 
 
 def evaluate_model(
