@@ -12,6 +12,7 @@ from conftest import SMOKE_CONFIG, write_yaml
 
 from mappa.cli import default_config
 from mappa.config import ConfigError, load_config
+from mappa.config.loading import read_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -210,6 +211,22 @@ def test_a_yaml_syntax_error_is_one_line_with_line_and_column(tmp_path: Path) ->
         f"{path}: not valid YAML: line 3, column 1: expected ',' or ']', but got "
         "'<stream end>' (while parsing a flow sequence at line 2, column 7); fix the YAML syntax"
     )
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    """PyYAML keeps the last of two equal keys silently: the first setting would vanish."""
+    path = write_yaml(tmp_path, "rl:\n  lr: 1.0e-5\n  kl_beta: 0.1\n  lr: 3.0e-5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == (
+        f"{path}: line 4, column 3: 'lr' is given twice in one section (first at line 2, "
+        "column 3); keep one (YAML would take the last without a word)"
+    )
+    # the same key in two sections, and a key a merge brought in, are not duplicates
+    merged = "base: &b {lr: 1.0e-5, kl_beta: 0.1}\nrl:\n  <<: *b\n  lr: 3.0e-5\n"
+    assert read_yaml(write_yaml(tmp_path, merged))["rl"] == {"lr": 3.0e-5, "kl_beta": 0.1}
+    two = "rollout: {temperature: 0.6}\neval: {temperature: 0.6}\n"
+    assert load_config(write_yaml(tmp_path, two)).eval.temperature == 0.6
 
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n"])

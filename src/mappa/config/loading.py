@@ -218,12 +218,46 @@ def _message(error: Any, key: str) -> str:
     return str(error["msg"]).removeprefix("Value error, ")
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping that gives one key twice."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping. PyYAML keeps the
+    last one without a word (as the YAML spec leaves to the loader), so a setting written
+    twice, e.g. a second ``lr:`` further down a section, silently undoes the first. Keys a
+    ``<<:`` merge brings in may still be overridden: that is what a merge is for."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise DuplicateKeyError(
+                    f"{key!r} is given twice in one section (first at {_at(seen[key])})",
+                    node.start_mark,
+                    "a key may be given once",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path) -> Any:
     """The YAML document in ``path``; a syntax error is a ``ConfigError`` in one line (the
     file, line and column, PyYAML's problem), where PyYAML's own message spans several,
-    quoting the source under a caret."""
+    quoting the source under a caret. A key given twice in one mapping is refused
+    (``UniqueKeyLoader``)."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)  # noqa: S506
+    except DuplicateKeyError as err:
+        assert err.problem_mark is not None
+        raise ConfigError(
+            f"{path}: {_at(err.problem_mark)}: {err.context}; keep one (YAML would take the "
+            "last without a word)"
+        ) from None
     except yaml.YAMLError as err:
         raise ConfigError(
             f"{path}: not valid YAML: {_yaml_problem(err)}; fix the YAML syntax"
