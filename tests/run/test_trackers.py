@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_run_config
 
+from mappa.paths import fresh_run_dir_problem
 from mappa.run.trackers import SAMPLE_COLUMNS, TrackerError, Trackers
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -113,6 +114,13 @@ def test_a_tracker_that_cannot_start_stops_the_run_before_its_models_load(
     cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", "train.report_to=[mlflow]")
     with pytest.raises(TrackerError, match=r"^train.report_to: mlflow could not start \("):
         loop.train(cfg)
+    assert not (tmp_path / "run").exists()  # the run never started: no stub of it is left
+    # a directory the user made for it stays (and the failed start leaves it fit to reuse)
+    (tmp_path / "mine").mkdir()
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "mine", "train.report_to=[mlflow]")
+    with pytest.raises(TrackerError):
+        loop.train(cfg)
+    assert (tmp_path / "mine").is_dir() and fresh_run_dir_problem(tmp_path / "mine") is None
 
 
 def test_wandb_online_with_its_server_out_of_reach_is_one_line_at_once(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,14 +51,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def resolve_run_dir(run_dir: Path) -> Path:
-    """Expand ``{time}`` in the configured run dir; refuse to mix two runs in one dir."""
+def resolve_run_dir(run_dir: Path) -> tuple[Path, bool]:
+    """Expand ``{time}`` in the configured run dir; refuse to mix two runs in one dir.
+    Returns the directory and whether this call made it."""
     path = expand_run_dir(run_dir)
     problem = fresh_run_dir_problem(path)
     if problem:
         raise FileExistsError(problem)
+    made = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
-    return path
+    return path, made
 
 
 def _models(cfg: RunConfig, policies: AgentPolicies | None) -> RunModels:
@@ -85,21 +88,28 @@ def train(
     preflight.check_coach_reachable(cfg)  # here, not in check: a coach server may start later
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    made = False
     if resume is None:
-        run_dir = resolve_run_dir(cfg.run_dir)
+        run_dir, made = resolve_run_dir(cfg.run_dir)
         config_text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
         checkpoint.write_atomic(run_dir / "config.yaml", config_text)
     else:
         run_dir = checkpoint.open_run(resume, cfg)
-    tasks = training_tasks(cfg)
-    evaluator = TrainingEvaluator(cfg, tasks, run_dir)  # refuses overlapping held-out tasks
-    if hf_datasets.READ:  # which rows of which revision this run read
-        text = json.dumps(list(hf_datasets.READ.values()), indent=1)
-        checkpoint.write_atomic(run_dir / "data.json", text + "\n")
-    ckpt = None if resume is None else checkpoint.resumable_checkpoint(run_dir)
-    start = 0 if ckpt is None else checkpoint.checkpoint_step(ckpt)
-    # before the models load: a tracker that cannot start (no login, a bad URI) costs no load
-    live = Trackers(cfg, run_dir, resume_step=start)
+    try:
+        tasks = training_tasks(cfg)
+        evaluator = TrainingEvaluator(cfg, tasks, run_dir)  # refuses overlapping held-out tasks
+        if hf_datasets.READ:  # which rows of which revision this run read
+            text = json.dumps(list(hf_datasets.READ.values()), indent=1)
+            checkpoint.write_atomic(run_dir / "data.json", text + "\n")
+        ckpt = None if resume is None else checkpoint.resumable_checkpoint(run_dir)
+        start = 0 if ckpt is None else checkpoint.checkpoint_step(ckpt)
+        # before the models load: a tracker that cannot start (no login, a bad URI) costs no
+        # load
+        live = Trackers(cfg, run_dir, resume_step=start)
+    except BaseException:
+        if made:  # a run that never started leaves no directory behind (one per {time})
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     log.info("run dir %s; %d tasks; loading %s", run_dir, len(tasks), cfg.model.path)
     try:
         models = _models(cfg, policies)
