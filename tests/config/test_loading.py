@@ -31,7 +31,7 @@ def test_overrides_are_typed_and_validated() -> None:
     [
         ("rl.kl_betta=0.1", "rl.kl_beta"),  # a close name in its own section
         ("lr=1e-4", "rl.lr"),  # a key of another section, by its last name
-        ("agents.verifier.max_actionz=2", "agents.2.max_actions"),  # an agent by name
+        ("agents.verifier.max_actionz=2", "agents.verifier.max_actions"),  # an agent by name
     ],
 )
 def test_an_override_typo_names_the_override_and_the_closest_key(override: str, near: str) -> None:
@@ -46,6 +46,8 @@ def test_an_override_typo_names_the_override_and_the_closest_key(override: str, 
         ("trian.steps=1", "; did you mean train.steps?"),
         ("RL.lr=1", "; did you mean rl.lr?"),
         ("foo.bar=1", "; docs/config.md lists the keys"),
+        # nothing close in the agent's own section: not the section's name, `agents`
+        ("agents.verifier.foo=1", "; docs/config.md lists the keys"),
     ],
 )
 def test_an_unknown_section_an_override_made_names_the_override(override: str, near: str) -> None:
@@ -170,7 +172,7 @@ def test_cli_bad_config_exits_nonzero_without_loading_a_model(tmp_path: Path) ->
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert "agents.1.max_actionz: unknown key" in proc.stderr
+    assert "agents.code_executor.max_actionz: unknown key" in proc.stderr  # by its name
     assert str(path) in proc.stderr
     assert "HEAVY []" in proc.stdout
 

@@ -55,7 +55,7 @@ def test_template_field_must_exist_upstream(tmp_path: Path) -> None:
 def test_agent_named_like_a_peft_module_is_a_config_error() -> None:
     """Each agent's LoRA adapter is named after it: PEFT's own names are refused up front."""
     for name in ["model", "base_model", "default", "weight", "lora_dropout"]:
-        with pytest.raises(ConfigError, match=rf"agents\.2\.name: .*rename agent '{name}'"):
+        with pytest.raises(ConfigError, match=rf"agents\.{name}\.name: .*rename agent '{name}'"):
             load_config(default_config(), [f"agents.verifier.name={name}"])
     assert load_config(default_config(), ["agents.verifier.name=model_checker"])
 

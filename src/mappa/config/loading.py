@@ -91,25 +91,54 @@ def _schema_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-def closest_key(loc: tuple[str | int, ...], root: type[BaseModel] = RunConfig) -> str | None:
+def named(loc: tuple[Any, ...], tree: Any) -> tuple[Any, ...]:
+    """``loc`` with each list index replaced by the name of the element of ``tree`` there,
+    where it has one that can be part of a dotted key: ``agents.2.role`` ->
+    ``agents.verifier.role``, as a config and its overrides spell it.
+
+    >>> named(("agents", 1, "role"), {"agents": [{"name": "a"}, {"name": "b"}]})
+    ('agents', 'b', 'role')
+    """
+    out: list[Any] = []
+    node = tree
+    for part in loc:
+        if isinstance(part, int) and isinstance(node, list) and part < len(node):
+            node = node[part]
+            name = node.get("name") if isinstance(node, dict) else None
+            usable = isinstance(name, str) and re.fullmatch(r"[\w-]+", name)  # a dotted key's part
+            out.append(name if usable else part)
+        else:
+            out.append(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return tuple(out)
+
+
+def closest_key(
+    loc: tuple[str | int, ...], root: type[BaseModel] = RunConfig, tree: Any = None
+) -> str | None:
     """The valid key an unknown key ``loc`` of a ``root`` file (a run config, or another
     schema such as an experiment file's) most likely means: a close name in its own
-    section, else a close dotted key anywhere, else a key anywhere with a close last name
-    (``lr`` -> ``rl.lr``); None when nothing is close (``difflib``'s default cutoff)."""
+    section; else, when the section itself is misspelt, a close dotted key anywhere
+    (``trian.steps`` -> ``train.steps``); else a key anywhere with a close last name
+    (``lr`` -> ``rl.lr``); None when nothing is close (``difflib``'s default cutoff). A
+    list element (an index in ``loc``) is compared as ``<name>``, as the keys spell it, and
+    shown by its name in ``tree`` (the config read) where it has one."""
     model: type[BaseModel] | None = root
     for part in loc[:-1]:
         if model is not None and not isinstance(part, int):
             field = model.model_fields.get(part)
             model = None if field is None else _section(field.annotation)
-    leaf, parent = str(loc[-1]), [str(p) for p in loc[:-1]]
+    leaf, parent = str(loc[-1]), [str(p) for p in named(loc, tree)[:-1]]
+    keys = _schema_keys(root)
     if model is not None:
         near = difflib.get_close_matches(leaf, list(model.model_fields), n=1)
         if near:
             return ".".join([*parent, near[0]])
-    keys = _schema_keys(root)
-    near = difflib.get_close_matches(".".join(map(str, loc)), keys, n=1)
-    if near:
-        return near[0]
+    else:
+        dotted = ".".join("<name>" if isinstance(p, int) else str(p) for p in loc)
+        near = difflib.get_close_matches(dotted, keys, n=1)
+        if near:
+            return near[0]
     leaves = [k.rsplit(".", 1)[-1] for k in keys]
     near = difflib.get_close_matches(leaf, leaves, n=1)
     return keys[leaves.index(near[0])] if near else None
@@ -141,29 +170,31 @@ def format_errors(
     overrides: dict[tuple[Any, ...], str] | None = None,
     root: type[BaseModel] = RunConfig,
     kind: str = "configuration",
+    tree: Any = None,
 ) -> str:
     """One line per problem, naming where it came from: the override that set the key
     (``overrides``, by location), else the key in the file ``source`` (a ``root`` file: a
     run config, or an experiment file); an unknown key gets the closest valid one, and the
     missing key it most likely means is not reported again (``seed:`` for ``seeds:`` is one
     typo, not two problems). One problem is one line; several follow a header naming the
-    file (``invalid <kind>``), or the overrides, when they are all the overrides'."""
+    file (``invalid <kind>``), or the overrides, when they are all the overrides'. ``tree``:
+    the document validated, to name list elements (``agents.verifier``, not ``agents.2``)."""
     overrides = overrides or {}
     errors = err.errors()
     meant = {
-        i: closest_key(tuple(e["loc"]), root)
+        i: closest_key(tuple(e["loc"]), root, tree)
         for i, e in enumerate(errors)
         if e["type"] == "extra_forbidden"
     }
     problems = []
     for i, e in enumerate(errors):
         loc = tuple(e["loc"])
-        key = ".".join(str(p) for p in loc) or TOP_LEVEL
+        key = ".".join(str(p) for p in named(loc, tree)) or TOP_LEVEL
         if e["type"] == "missing" and key in meant.values():
             continue
         setter = _setter(loc, overrides)
         if i in meant:  # an override's own key is the typo to correct: trian.steps -> train.steps
-            near = closest_key(setter[0], root) if setter else meant[i]
+            near = closest_key(setter[0], root, tree) if setter else meant[i]
             keys = "docs/config.md" if root is RunConfig else "docs/experiments.md"
             msg = "unknown key; " + (f"did you mean {near}?" if near else f"{keys} lists the keys")
         else:
@@ -386,7 +417,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
         return RunConfig.model_validate(raw)
     except ValidationError as err:
         locs = {at: o for o in overrides or [] if (at := _override_loc(raw, o)) is not None}
-        raise ConfigError(format_errors(err, str(path), locs)) from None
+        raise ConfigError(format_errors(err, str(path), locs, tree=raw)) from None
 
 
 def resolve_beside(file: str, config_dir: Path) -> str:
