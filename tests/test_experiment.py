@@ -19,7 +19,7 @@ from conftest import tiny_run_config
 
 from mappa.experiment import ExperimentError
 from mappa.experiment.markdown import results_markdown
-from mappa.experiment.results import TRAIN_WINDOW, RunRecord, summarize
+from mappa.experiment.results import ANSWERED, TRAIN_WINDOW, RunRecord, summarize
 from mappa.experiment.runner import Experiment
 from mappa.experiment.spec import load_experiment, plan_runs, shipped_configs
 from mappa.provenance import note_code, source_revision
@@ -114,7 +114,12 @@ def test_results_table_over_seeds_and_verdicts() -> None:
     assert outcome["coach"] == {}  # no coach asked, no coach rows
     fmt = process["behaviour"]["format_rate/verifier"]
     assert fmt["base"] == 0.4 and fmt["mean"] == pytest.approx(0.6)
-    assert set(process["behaviour"]) == {"format_rate/verifier"}  # bookkeeping left out
+    # bookkeeping left out; the accuracy given a formatted answer derived from the two: at
+    # step 10 format rate 0.6, final accuracy 0.75 and 0.5 (the base: 0.25 / 0.4)
+    assert set(process["behaviour"]) == {"format_rate/verifier", ANSWERED}
+    answered = process["behaviour"][ANSWERED]
+    assert answered["base"] == pytest.approx(0.625)
+    assert (answered["min"], answered["max"]) == pytest.approx((0.5 / 0.6, 0.75 / 0.6))
     assert process["wall_s"]["mean"] == 20.0
     assert process["runs"]["process-s1"] == {
         "steps": 11,

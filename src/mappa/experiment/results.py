@@ -89,21 +89,46 @@ def _final(run: RunRecord) -> Metrics | None:
     return lines[-1] if lines else None
 
 
+ANSWERED = "accuracy_given_answer"
+"""The held-out accuracy among problems the team answered in the answer format."""
+
+
+def accuracy_given_answer(m: Metrics, final_agent: str, prefix: str = "") -> float | None:
+    """Accuracy among the problems whose final answer was in the format (a boxed one):
+    ``accuracy`` over the final agent's ``format_rate``. A right answer is always one in the
+    format (the grader reads only what the format marks), so this is P(right | answered): it
+    separates getting the arithmetic right from stating a result the grader can read. None
+    where nothing was answered.
+
+    >>> accuracy_given_answer({"accuracy": 0.25, "format_rate/v": 0.5}, "v")
+    0.5
+    """
+    rate, acc = m.get(f"{prefix}format_rate/{final_agent}"), m.get(f"{prefix}accuracy")
+    return None if not rate or acc is None else float(acc) / float(rate)
+
+
 def behaviour(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, Stats]:
     """Each numeric held-out behaviour metric (``agent_metrics``' keys, pass@k) at the final
-    evaluation, over seeds, with the base model's value beside it."""
+    evaluation, over seeds, with the base model's value beside it; and the accuracy given
+    an answer in the format (``accuracy_given_answer``; the final agent is a team's last)."""
     keys: list[str] = []
-    finals = [f for f in map(_final, runs) if f is not None]
-    for f in finals:
+    finals = [(r, f) for r in runs if (f := _final(r)) is not None]
+    for _, f in finals:
         for key, value in f.items():
             name = key.removeprefix("eval/")
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
             if key.startswith("eval/") and numeric and not _bookkeeping(name) and name not in keys:
                 keys.append(name)
-    return {
-        k: {"base": (base or {}).get(k), **spread([f.get(f"eval/{k}") for f in finals])}
+    out = {
+        k: {"base": (base or {}).get(k), **spread([f.get(f"eval/{k}") for _, f in finals])}
         for k in keys
     }
+    answered = [accuracy_given_answer(f, r.agents[-1], "eval/") for r, f in finals if r.agents]
+    if any(a is not None for a in answered):
+        final_agent = next(r.agents[-1] for r, _ in finals if r.agents)
+        at_base = None if base is None else accuracy_given_answer(base, final_agent)
+        out[ANSWERED] = {"base": at_base, **spread(answered)}
+    return out
 
 
 def _bookkeeping(name: str) -> bool:
