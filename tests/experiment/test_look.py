@@ -76,6 +76,10 @@ def test_the_look_reads_the_spread_decides_and_is_kept(tmp_path: Path) -> None:
     # once: a second call shows the kept look, even when the records have moved on since
     _record(records, runs[6])
     assert take_look(spec, runs, records) == look == read_look(records.root)
+    # a rule edited after the look does not get a second one
+    _, edited, _ = _plan(tmp_path, EXPERIMENT.replace("0.05: 6", "0.06: 6"))
+    with pytest.raises(ExperimentError, match=r"a look is taken once, so restore the file's"):
+        take_look(edited, runs, records)
     section = "\n".join(look_section(kept))
     assert "was 0.076 (their mean was not read); it decided 6 seeds (4 planned)" in section
 

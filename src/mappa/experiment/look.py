@@ -67,10 +67,18 @@ def take_look(spec: ExperimentConfig, runs: Sequence[RunSpec], records: Records)
             "the experiment file states no look (analysis.look); a look must be stated "
             "before the runs (docs/experiments.md)"
         )
+    seeds = spec.seeds[: stated.after_seeds]
     kept = read_look(records.root)
     if kept is not None:
+        stated_now = (spec.analysis.primary, seeds, dict(stated.seeds_if_sd_above))
+        if (kept.pair, kept.seeds, kept.rule) != stated_now:
+            raise ExperimentError(
+                f"the look in {records.root / LOOK_FILE} (taken {kept.taken}) read "
+                f"{' - '.join(kept.pair)} on seeds {kept.seeds} under the rule {kept.rule}; "
+                "the file now states another; a look is taken once, so restore the file's "
+                "analysis.look"
+            )
         return kept
-    seeds = spec.seeds[: stated.after_seeds]
     block = [r for r in runs if r.seed in seeds]
     missing = [r.name for r in block if not records.has(r)]
     if missing:
