@@ -76,6 +76,11 @@ def test_the_look_reads_the_spread_decides_and_is_kept(tmp_path: Path) -> None:
     # once: a second call shows the kept look, even when the records have moved on since
     _record(records, runs[6])
     assert take_look(spec, runs, records) == look == read_look(records.root)
+    # the file raised to the seeds the look asked for: the same look, nothing left to do
+    grown = EXPERIMENT.replace("seeds: [0, 1, 2, 3]", "seeds: [0, 1, 2, 3, 4, 5]")
+    path, spec6, runs6 = _plan(tmp_path, grown)
+    assert take_look(spec6, runs6, records) == look
+    assert look_lines(look, spec6, path)[-1] == f"decision: 6 seeds; {path} runs them already"
     # a rule edited after the look does not get a second one
     _, edited, _ = _plan(tmp_path, EXPERIMENT.replace("0.05: 6", "0.06: 6"))
     with pytest.raises(ExperimentError, match=r"a look is taken once, so restore the file's"):
@@ -120,7 +125,7 @@ def test_a_file_without_a_look_is_refused(tmp_path: Path) -> None:
     [
         ("{after_seeds: 4, seeds_if_sd_above: {0.05: 6}}", "before the last of the 4 seeds"),
         ("{after_seeds: 1, seeds_if_sd_above: {0.05: 6}}", "after_seeds: Input should be"),
-        ("{after_seeds: 3, seeds_if_sd_above: {0.05: 4}}", r"\[4\] seeds is not more than"),
+        ("{after_seeds: 3, seeds_if_sd_above: {0.05: 3}}", r"\[3\] seeds is not more than"),
         ("{after_seeds: 3, seeds_if_sd_above: {0: 6}}", "thresholds are SDs > 0"),
         ("{after_seeds: 3}", "seeds_if_sd_above: Field required"),
     ],

@@ -43,15 +43,16 @@ class Look:
 
 
 def decide(sd: float, rule: Mapping[float, int], planned: int) -> int:
-    """Seeds to run: the largest count whose SD threshold ``sd`` is above, else ``planned``.
+    """Seeds to run: the largest count whose SD threshold ``sd`` is above, else ``planned``;
+    never fewer than ``planned`` (a look that could cut seeds would stop on a lucky spread).
 
     >>> rule = {0.08: 8, 0.10: 10}
     >>> decide(0.07, rule, 6), decide(0.09, rule, 6), decide(0.12, rule, 6)
     (6, 8, 10)
-    >>> decide(0.08, rule, 6)  # above, not at
-    6
+    >>> decide(0.08, rule, 6), decide(0.09, rule, 9)  # above, not at; never fewer
+    (6, 9)
     """
-    return max((n for threshold, n in rule.items() if sd > threshold), default=planned)
+    return max([planned, *(n for threshold, n in rule.items() if sd > threshold)])
 
 
 def take_look(spec: ExperimentConfig, runs: Sequence[RunSpec], records: Records) -> Look:

@@ -70,7 +70,8 @@ class LookSpec(Strict):
         ...,
         min_length=1,
         description="SD threshold -> seeds to run when the SD is above it (the largest count "
-        "whose threshold it exceeds); not above any: the file's seeds.",
+        "whose threshold it exceeds); not above any: the file's seeds. A look never cuts "
+        "the seeds the file lists.",
     )
 
     @field_validator("seeds_if_sd_above")
@@ -181,11 +182,11 @@ class ExperimentConfig(Strict):
                 f"analysis.look.after_seeds={look.after_seeds}: the look comes part way, "
                 f"before the last of the {planned} seeds"
             )
-        fewer = [n for n in look.seeds_if_sd_above.values() if n <= planned]
+        fewer = [n for n in look.seeds_if_sd_above.values() if n <= look.after_seeds]
         if fewer:
             raise ValueError(
-                f"analysis.look.seeds_if_sd_above: {fewer} seeds is not more than the file's "
-                f"{planned}; a look adds seeds, it never cuts them"
+                f"analysis.look.seeds_if_sd_above: {fewer} seeds is not more than the "
+                f"{look.after_seeds} looked at; a look adds seeds"
             )
         return self
 
