@@ -13,6 +13,12 @@ The run-to-run logit SD is chosen so that a paired seed's difference has the SD 
 round 2 (``--pair-sd``, 0.065) at the base accuracy given; the script prints what it got.
 
     .venv/bin/python benchmarks/verdict_power.py [--seeds 4 6 8 10] [--gaps 0 0.08 0.1 0.15]
+
+With ``--look-from EXPERIMENT.yaml`` it simulates that experiment's whole design instead: the
+one look of its ``analysis.look`` (the SD of the first seeds' paired differences, read by
+``mappa.experiment.look.decide``) picks how many seeds run, and the primary test is made on
+those. Choosing the seed count from the spread is known to move a t test's level a little in
+small samples; this measures how much, under the model above.
 """
 
 from __future__ import annotations
@@ -70,6 +76,37 @@ def calibrated_run_sd(args: argparse.Namespace) -> float:
     return float(optimize.brentq(excess, 0.0, 3.0, xtol=1e-3))
 
 
+def adaptive_calls(
+    a: np.ndarray, b: np.ndarray, after: int, rule: dict[float, int], planned: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per simulated experiment (rows of ``a``, ``b``: seeds in order, at least the rule's
+    largest count), the seeds the look decides and whether the primary test then calls a
+    difference on that many seeds."""
+    from mappa.experiment.look import decide
+
+    diffs = a - b
+    spread = diffs[:, :after].std(axis=1, ddof=1)
+    seeds = np.array([decide(float(sd), rule, planned) for sd in spread])
+    calls = np.zeros(len(seeds), dtype=bool)
+    for n in np.unique(seeds):
+        rows = seeds == n
+        calls[rows] = significant(paired_t(a[rows, :n], b[rows, :n]).p)
+    return seeds, calls
+
+
+def look_design(path: str) -> tuple[int, dict[float, int], int]:
+    """``analysis.look``'s seeds looked at and rule, and the seeds the file plans."""
+    from pathlib import Path
+
+    from mappa.experiment.spec import load_experiment
+
+    spec = load_experiment(Path(path))
+    look = spec.analysis.look
+    if look is None:
+        raise SystemExit(f"{path}: no analysis.look to simulate")
+    return look.after_seeds, dict(look.seeds_if_sd_above), len(spec.seeds)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[4, 6, 8, 10])
@@ -80,6 +117,9 @@ def main() -> int:
     parser.add_argument("--seed-sd", type=float, default=0.3, help="shared, logit scale")
     parser.add_argument("--problem-sd", type=float, default=1.5, help="logit scale")
     parser.add_argument("--experiments", type=int, default=4000)
+    parser.add_argument(
+        "--look-from", default=None, help="an experiment file whose analysis.look to simulate"
+    )
     args = parser.parse_args()
     run_sd = calibrated_run_sd(args)
     rng = np.random.default_rng(0)
@@ -91,6 +131,8 @@ def main() -> int:
         f"gives a paired seed's difference SD {float((a - b).std()):.3f}; "
         f"{args.experiments} simulated experiments a cell"
     )
+    if args.look_from:
+        return _simulate_look(args, rng, run_sd)
     print("P(the primary test calls A > B or A < B):")
     print(f"{'seeds':>6}" + "".join(f"{'gap ' + format(g, '.2f'):>11}" for g in args.gaps))
     for seeds in args.seeds:
@@ -109,6 +151,39 @@ def main() -> int:
             )
             cells.append(float(significant(paired_t(a, b).p).mean()))
         print(f"{seeds:>6}" + "".join(f"{c:>11.3f}" for c in cells))
+    return 0
+
+
+def _simulate_look(args: argparse.Namespace, rng: np.random.Generator, run_sd: float) -> int:
+    after, rule, planned = look_design(args.look_from)
+    most = max([planned, *rule.values()])
+    counts = sorted({planned, *rule.values()})
+    print(
+        f"the design of {args.look_from}: look after {after} seeds, rule {rule}, "
+        f"{planned} seeds planned"
+    )
+    header = "".join(
+        f"{'P(' + str(n) + ' seeds)':>14}{'P(call|' + str(n) + ')':>13}" for n in counts
+    )
+    print(f"{'gap':>6}{'P(call)':>10}{'mean seeds':>12}{header}")
+    for gap in args.gaps:
+        a, b = accuracies(
+            rng,
+            args.experiments,
+            most,
+            args.problems,
+            args.base,
+            gap,
+            args.seed_sd,
+            run_sd,
+            args.problem_sd,
+        )
+        seeds, calls = adaptive_calls(a, b, after, rule, planned)
+        shares = "".join(
+            f"{float((seeds == n).mean()):>14.3f}{float(calls[seeds == n].mean()):>13.3f}"
+            for n in counts
+        )
+        print(f"{gap:>6.2f}{float(calls.mean()):>10.3f}{float(seeds.mean()):>12.2f}{shares}")
     return 0
 
 

@@ -45,3 +45,29 @@ def test_gpu_check_takes_the_vllm_engine_wherever_vllm_imports(
         )
         assert module.rollout_engine("auto") == engine
     assert module.rollout_engine("hf") == "hf"
+
+
+def test_the_simulated_look_tests_on_the_seeds_it_decides() -> None:
+    """verdict_power's simulation of a look: the seed count comes from the first seeds'
+    spread by the experiment's own rule, and the test is made on exactly that many."""
+    import numpy as np
+
+    from mappa.experiment.verdicts import paired_t, significant
+
+    spec = importlib.util.spec_from_file_location(
+        "verdict_power", Path(__file__).parents[1] / "benchmarks" / "verdict_power.py"
+    )
+    assert spec is not None and spec.loader is not None
+    power = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(power)
+    b = np.zeros((2, 10))
+    a = np.array(
+        [
+            [0.10, 0.11, 0.10, 0.11, 0.10, 0.11, -0.5, -0.5, -0.5, -0.5],  # SD 0.006: 6 seeds
+            [0.30, -0.10, 0.25, -0.05, 0.1, 0.2, 0.1, 0.2, 0.1, 0.2],  # SD 0.19: 10 seeds
+        ]
+    )
+    seeds, calls = power.adaptive_calls(a, b, 4, {0.08: 8, 0.10: 10}, 6)
+    assert seeds.tolist() == [6, 10]
+    assert calls[0] and calls[0] == significant(paired_t(a[0, :6], b[0, :6]).p)
+    assert calls[1] == significant(paired_t(a[1], b[1]).p)
