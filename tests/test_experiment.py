@@ -34,13 +34,14 @@ def fake_metrics(
     coach: float | None = None,
     graded: int = 100,
 ) -> list[dict[str, Any]]:
-    """Fabricated metrics.jsonl lines: training accuracy per step, held-out accuracy (and a
+    """Fabricated metrics.jsonl lines: training accuracy per step (4 episodes each),
+    held-out accuracy (and a
     fake behaviour key) over ``graded`` answers at the given step indices, a coach score for
     every agent if given. Every agent takes its optimizer step, except the verifier on a
     step with accuracy 0 (no reward signal, as an outcome-only batch of zeros)."""
     lines: list[dict[str, Any]] = []
     for step, acc in enumerate(accuracies):
-        line: dict[str, Any] = {"step": step, "accuracy": acc}
+        line: dict[str, Any] = {"step": step, "accuracy": acc, "episodes": 4}
         line.update({f"rl/{a}/skipped": "" for a in AGENTS})
         if acc == 0.0:
             line["rl/verifier/skipped"] = "no reward signal"
@@ -95,6 +96,7 @@ def test_results_table_over_seeds_and_verdicts() -> None:
     assert [p["step"] for p in process["heldout"]] == [0, 5, 11]  # base, then steps done
     assert process["heldout"][0] == {
         "step": 0,
+        "episodes": 0,
         "n": 1,
         "mean": 0.25,
         "min": 0.25,
@@ -102,6 +104,7 @@ def test_results_table_over_seeds_and_verdicts() -> None:
         "std": None,
     }
     assert process["heldout"][1]["mean"] == 0.375 and process["heldout"][2]["n"] == 2
+    assert [p["episodes"] for p in process["heldout"]] == [0, 20, 44]  # 4 a step
     assert process["final"]["mean"] == 0.625
     assert (process["final"]["min"], process["final"]["max"]) == (0.5, 0.75)
     assert process["final"]["std"] == pytest.approx(0.1767767)
@@ -136,6 +139,7 @@ def test_results_table_over_seeds_and_verdicts() -> None:
     assert comparison["diff"] == pytest.approx(0.5)  # seeds' gaps 0.75 and 0.25: t 2, 1 df
     assert comparison["verdict"].startswith("undecided: 95 % CI -")
     page = results_markdown(results, "fake")
+    assert "| arm | step 0 (0) | step 5 (20) | step 11 (44) |" in page  # episodes by then
     assert "| process | 0.250 (n=1) | 0.375 (0.250-0.500, sd 0.177, n=2) |" in page
     assert "| secondary | process | outcome | paired t | 0, 1 | 0.500 |" in page
     assert "| outcome | verifier | 5.5 (0.0-11.0, sd 7.8, n=2) |" in page
@@ -157,8 +161,12 @@ def test_results_degenerate_one_seed_and_an_arm_without_eval() -> None:
     results = summarize(runs, None)  # the base model not evaluated either
     process, silent = results["arms"]["process"], results["arms"]["silent"]
     assert process["heldout"] == [
-        {"step": 2, "n": 1, "mean": 0.5, "min": 0.5, "max": 0.5, "std": None}
+        {"step": 2, "episodes": 8, "n": 1, "mean": 0.5, "min": 0.5, "max": 0.5, "std": None}
     ]
+    # metrics that do not count episodes (records made before they did) leave it unknown
+    plain = [{k: v for k, v in m.items() if k != "episodes"} for m in runs[0].metrics]
+    unknown = summarize([RunRecord("process", 0, plain)], None)["arms"]["process"]["heldout"]
+    assert unknown[0]["episodes"] is None
     assert silent["heldout"] == [] and silent["final"]["n"] == 0 and silent["behaviour"] == {}
     assert silent["runs"]["silent-s0"]["final"] is None and silent["wall_s"]["mean"] is None
     assert results["comparisons"][0]["verdict"] == "undecided: no final held-out accuracy"

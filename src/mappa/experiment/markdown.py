@@ -51,12 +51,20 @@ def results_markdown(results: dict[str, Any], title: str) -> str:
     """The whole ``results.md``."""
     arms: dict[str, Any] = results["arms"]
     steps = sorted({p["step"] for a in arms.values() for p in a["heldout"]})
+    episodes = {p["step"]: p.get("episodes") for a in arms.values() for p in a["heldout"]}
     lines = [f"# {title}", ""]
     lines += ["## Held-out accuracy by step (mean over seeds; min-max, sd, n)", ""]
-    lines += ["Step 0 is the base model, evaluated once; it is every arm's starting point.", ""]
+    lines += [
+        "Step 0 is the base model, evaluated once; it is every arm's starting point. In "
+        "brackets: the training episodes sampled by then.",
+        "",
+    ]
     by_step = {arm: {p["step"]: p for p in a["heldout"]} for arm, a in arms.items()}
     lines += table(
-        ["arm", *(f"step {s}" for s in steps)],
+        [
+            "arm",
+            *(f"step {s}" + ("" if episodes[s] is None else f" ({episodes[s]})") for s in steps),
+        ],
         [
             [arm, *(cell(by_step[arm][s]) if s in by_step[arm] else "-" for s in steps)]
             for arm in arms

@@ -75,13 +75,25 @@ def _window_mean(metrics: Sequence[Metrics], key: str, last: bool) -> float | No
 
 def heldout_curve(runs: Sequence[RunRecord], base_accuracy: float | None) -> list[Stats]:
     """Held-out accuracy at each eval point: the base model at step 0, then each eval,
-    by steps done (the eval after step index ``i`` is at ``i + 1``)."""
+    by steps done (the eval after step index ``i`` is at ``i + 1``), with the training
+    episodes sampled by then (``episodes``: the most any run had; None where the metrics
+    do not count them), so that sample efficiency reads as accuracy against episodes."""
     points: dict[int, list[float | None]] = {}
+    seen: dict[int, int] = {}
     for run in runs:
-        for m in eval_lines(run.metrics):
-            points.setdefault(int(m["step"]) + 1, []).append(m["eval/accuracy"])
-    curve = [{"step": 0, **spread([base_accuracy])}] if base_accuracy is not None else []
-    return curve + [{"step": s, **spread(v)} for s, v in sorted(points.items())]
+        total = 0
+        for m in run.metrics:
+            total += int(m.get("episodes") or 0)
+            if m.get("eval/accuracy") is not None:
+                step = int(m["step"]) + 1
+                points.setdefault(step, []).append(m["eval/accuracy"])
+                seen[step] = max(seen.get(step, 0), total)
+    curve = (
+        [{"step": 0, "episodes": 0, **spread([base_accuracy])}] if base_accuracy is not None else []
+    )
+    return curve + [
+        {"step": s, "episodes": seen.get(s) or None, **spread(v)} for s, v in sorted(points.items())
+    ]
 
 
 def _final(run: RunRecord) -> Metrics | None:
