@@ -127,10 +127,9 @@ def _assert_names_key(err: ConfigError, key: str) -> None:
     lines = str(err).splitlines()
     keys = {key, _as_shown(key)}  # an override as written, a file's key by the agent's name
     starts = tuple(f"{k}{end}" for k in keys for end in (":", ".", "="))
-    assert (
-        any(line.strip().removeprefix("override ").startswith(starts) for line in lines[1:])
-        or any(f" {k}" in lines[0] for k in keys)
-    ), (key, str(err))
+    assert any(
+        line.strip().removeprefix("override ").startswith(starts) for line in lines[1:]
+    ) or any(f" {k}" in lines[0] for k in keys), (key, str(err))
 
 
 LEAF_KEYS = {k for k, a, _ in LEAVES if not (isinstance(a, type) and issubclass(a, BaseModel))}
