@@ -138,20 +138,27 @@ def main() -> int:
     for seeds in args.seeds:
         cells = []
         for gap in args.gaps:
-            a, b = accuracies(
-                rng,
-                args.experiments,
-                seeds,
-                args.problems,
-                args.base,
-                gap,
-                args.seed_sd,
-                run_sd,
-                args.problem_sd,
-            )
+            a, b = _simulate(args, rng, run_sd, seeds, gap)
             cells.append(float(significant(paired_t(a, b).p).mean()))
         print(f"{seeds:>6}" + "".join(f"{c:>11.3f}" for c in cells))
     return 0
+
+
+def _simulate(
+    args: argparse.Namespace, rng: np.random.Generator, run_sd: float, seeds: int, gap: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``--experiments`` simulated experiments of ``seeds`` seeds at a true ``gap``."""
+    return accuracies(
+        rng,
+        args.experiments,
+        seeds,
+        args.problems,
+        args.base,
+        gap,
+        args.seed_sd,
+        run_sd,
+        args.problem_sd,
+    )
 
 
 def _simulate_look(args: argparse.Namespace, rng: np.random.Generator, run_sd: float) -> int:
@@ -167,17 +174,7 @@ def _simulate_look(args: argparse.Namespace, rng: np.random.Generator, run_sd: f
     )
     print(f"{'gap':>6}{'P(call)':>10}{'mean seeds':>12}{header}")
     for gap in args.gaps:
-        a, b = accuracies(
-            rng,
-            args.experiments,
-            most,
-            args.problems,
-            args.base,
-            gap,
-            args.seed_sd,
-            run_sd,
-            args.problem_sd,
-        )
+        a, b = _simulate(args, rng, run_sd, most, gap)
         seeds, calls = adaptive_calls(a, b, after, rule, planned)
         shares = "".join(
             f"{float((seeds == n).mean()):>14.3f}{float(calls[seeds == n].mean()):>13.3f}"
