@@ -145,7 +145,7 @@ def test_a_missing_path_is_named_before_matplotlib_is_needed(
 def _fake_train(capsys: pytest.CaptureFixture[str], seen: list[str]) -> Callable[..., int]:
     """A fake ``_train`` that records what was printed before training would start."""
 
-    def fake(cfg: RunConfig, resume: Path | None) -> int:
+    def fake(cfg: RunConfig, resume: Path | None, stop_after: int | None) -> int:
         seen.append(capsys.readouterr().out)
         return 0
 
@@ -167,6 +167,11 @@ def test_a_bare_train_says_what_it_will_run_before_loading(
     assert main(["train", "train.steps=3"]) == 0
     [line] = seen
     assert "{time}" not in line and re.search(r"run dir runs/demo-\d{8}-\d{6}\n$", line)
+    seen.clear()  # a run stopped early says so; one that would stop at its end does not
+    for stop, steps in (("1", "the first 1 of 3 steps"), ("3", "3 steps"), ("9", "3 steps")):
+        assert main(["train", "train.steps=3", "run_dir=runs/here", "--stop-after", stop]) == 0
+        assert seen.pop().startswith(f"mappa train: the demo config {default_config()} (no "
+                                     f"--config given): {steps} with ")  # fmt: skip
 
 
 def test_overrides_are_taken_after_options_too(
@@ -219,6 +224,7 @@ def test_a_mistyped_choice_names_the_closest(
     ("argv", "error"),
     [
         (["eval", "--limit", "0"], "mappa eval: argument --limit: 0: give at least 1"),
+        (["train", "--stop-after", "0"], "mappa train: argument --stop-after: 0: give at least 1"),
         (["eval", "--limit", "-1"], "mappa eval: argument --limit: -1: give at least 1"),
         (
             ["coach-check", "--episodes", "runs/x", "--limit", "0"],

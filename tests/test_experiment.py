@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import shutil
 import subprocess
 import sys
@@ -532,6 +534,14 @@ def test_made_by_names_other_code_and_says_when_it_is_unknown() -> None:
     assert made_by("abc", "def") == "; made by code abc, this is def"
     assert made_by(None, "def") == "; made by code not recorded, this is def"
     assert made_by("abc", None) == "; made by code abc, this is not a git checkout"
+    # and the environment: only what changed, only where the record noted one
+    env = {"python": "3.11.7", "transformers": "5.24.0"}
+    assert made_by("abc", "abc", env, env) == ""
+    assert made_by("abc", "abc", None, env) == ""  # a record older than the field
+    assert made_by("abc", "def", env, {**env, "transformers": "5.25.0"}) == (
+        "; made by code abc, this is def; made on transformers 5.24.0 -> 5.25.0 "
+        "(mappa experiment --reproduce tells if it matters)"
+    )
 
 
 def test_coach_server_starts_only_for_arms_that_ask_a_coach_and_always_stops(
@@ -665,6 +675,28 @@ def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
         a: results["arms"][a]["final"] for a in arms
     }
     assert again["comparisons"] == results["comparisons"]  # the per-problem answers travel too
+
+    # this machine trains a recorded run's first step exactly as its record says
+    capsys.readouterr()
+    assert main([*args, "--reproduce", "process-s0"]) == 0
+    printed = capsys.readouterr().out
+    assert "process-s0 (its first step again): step 1/1" in printed
+    assert re.search(r"process-s0, step 0: (\d+) of \1 training actions identical", printed)
+    assert "recorded on this code and environment" in printed
+    assert "reproduced: this machine trains process-s0's first step exactly" in printed
+    assert not (elsewhere / "reproduce" / "process-s0").exists()  # nothing to look at
+    # a record this machine does not reproduce, to the last bit: named, the rerun kept
+    path = records / "process-s0" / "actions.jsonl"
+    rows = read_jsonl(path)
+    rows[0]["score"] = math.nextafter(rows[0]["score"], math.inf)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main([*args, "--reproduce", "process-s0"]) == 1
+    printed = capsys.readouterr().out
+    assert "  differs: action s0-e0 problem_solver turn 0: score " in printed
+    assert "not reproduced: " in printed
+    assert (elsewhere / "reproduce" / "process-s0" / "metrics.jsonl").is_file()
+    assert main([*args, "--reproduce", "nope-s0"]) == 2
+    assert "--reproduce nope-s0: no such run in" in capsys.readouterr().err
 
 
 def test_progress_shows_every_step_even_when_several_end_between_two_looks(

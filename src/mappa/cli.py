@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from mappa.coach.base import CoachBackend
     from mappa.coach.context import CoachContext
     from mappa.coach.servers import LocalServer
+    from mappa.experiment.runner import Experiment
     from mappa.records import Score
     from mappa.tasks import Task
 
@@ -190,7 +191,16 @@ def _parser() -> argparse.ArgumentParser:
         "no adapters): commit it, and a rerun on any machine skips the runs it holds "
         "(default: <out>/records)",
     )
-    experiment.add_argument(
+    once = experiment.add_mutually_exclusive_group()
+    once.add_argument(
+        "--reproduce",
+        default=None,
+        metavar="RUN",
+        help="run nothing else: rerun recorded run RUN's first step on this machine (e.g. "
+        "coach-s1) and compare it with its record number for number; exit 0 when identical, "
+        "1 when not (a new machine's runs would not continue the recorded ones)",
+    )
+    once.add_argument(
         "--look",
         action="store_true",
         help="run nothing: take the one look the file's analysis.look states (the spread of "
@@ -253,6 +263,14 @@ def _parser() -> argparse.ArgumentParser:
         help="continue a run from its newest checkpoint (records after it are cut); the "
         "config is the run's config.yaml, and overrides may change only "
         + ", ".join(sorted(RESUMABLE_KEYS)),
+    )
+    sub.choices["train"].add_argument(
+        "--stop-after",
+        type=_int_in(1),
+        default=None,
+        metavar="N",
+        help="stop once N steps are done, checkpointed (--resume continues); the run is "
+        "otherwise the same, its learning-rate schedule spanning all train.steps",
     )
     sub.choices["train"].add_argument(
         "--dry-run",
@@ -362,11 +380,11 @@ def _setup_logging() -> None:
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
 
 
-def _train(cfg: RunConfig, resume: Path | None) -> int:
+def _train(cfg: RunConfig, resume: Path | None, stop_after: int | None) -> int:
     from mappa.report.summary import run_summary
     from mappa.run.loop import train
 
-    run_dir = train(cfg, resume=resume)
+    run_dir = train(cfg, resume=resume, stop_after=stop_after)
     print(run_summary(run_dir, [a.name for a in cfg.agents]))
     return 0
 
@@ -377,11 +395,16 @@ def _which_config(config: Path, demo: bool) -> str:
     return f"the demo config {config} (no --config given)" if demo else f"config {config}"
 
 
-def _train_plan(cfg: RunConfig, which: str, resume: Path | None) -> str:
+def _train_plan(
+    cfg: RunConfig, which: str, resume: Path | None, stop_after: int | None = None
+) -> str:
     """The line ``mappa train`` prints before it loads anything: which config, how many
     steps, where the run goes."""
     where = f"continuing {resume}" if resume is not None else f"run dir {cfg.run_dir}"
-    return f"mappa train: {which}: {cfg.train.steps} steps with {cfg.model.path}, {where}"
+    steps = f"{cfg.train.steps} steps"
+    if stop_after is not None and stop_after < cfg.train.steps:
+        steps = f"the first {stop_after} of {cfg.train.steps} steps"
+    return f"mappa train: {which}: {steps} with {cfg.model.path}, {where}"
 
 
 def _eval_flags(cfg: RunConfig, args: argparse.Namespace) -> None:
@@ -854,6 +877,8 @@ def _experiment(args: argparse.Namespace) -> int:
     except (ExperimentError, MissingReportDependency) as err:
         print(f"mappa: {err}", file=sys.stderr)
         return 2
+    if args.reproduce is not None:
+        return _reproduce(experiment, args.reproduce)
     try:
         experiment.run()
     except (ExperimentError, RuntimeError, TimeoutError) as err:  # a run or the server failed
@@ -863,6 +888,30 @@ def _experiment(args: argparse.Namespace) -> int:
         print("mappa: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
     return 0
+
+
+def _reproduce(experiment: Experiment, name: str) -> int:
+    """``mappa experiment --reproduce RUN``: one run's first step again, against its record."""
+    from mappa.experiment import ExperimentError
+    from mappa.experiment.reproduce import verdict_lines
+
+    try:
+        run = experiment.recorded_run(name)
+    except ExperimentError as err:
+        print(f"mappa: {err}", file=sys.stderr)
+        return 2
+    try:
+        comparison, changes = experiment.reproduce(run)
+    except (ExperimentError, RuntimeError, TimeoutError) as err:  # the rerun or server failed
+        print(f"mappa: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("mappa: interrupted", file=sys.stderr)
+        return 130
+    print("\n".join(verdict_lines(name, comparison, changes)))
+    if not comparison.reproduced:
+        print(f"the rerun is kept for a look: {experiment.out / 'reproduce' / name}")
+    return 0 if comparison.reproduced else 1
 
 
 def _look(args: argparse.Namespace) -> int:
@@ -939,6 +988,7 @@ def _command(argv: list[str] | None) -> int:
     if args.command == "coach-check":  # its config may be an experiment's, or the run's
         return _coach_check(args)
     resume = getattr(args, "resume", None)
+    stop_after = getattr(args, "stop_after", None)
     dry_run = getattr(args, "dry_run", False)
     eval_job = None
     try:
@@ -979,7 +1029,7 @@ def _command(argv: list[str] | None) -> int:
     else:
         if resume is None:  # the run dir announced is the one the run writes to
             cfg.run_dir = expand_run_dir(cfg.run_dir)
-        print(_train_plan(cfg, which, resume), flush=True)
+        print(_train_plan(cfg, which, resume, stop_after), flush=True)
     _setup_logging()
     from mappa.coach import CoachFatalError
     from mappa.models.sync_probe import StaleAdapterError
@@ -988,7 +1038,7 @@ def _command(argv: list[str] | None) -> int:
     from mappa.workflow.function import WorkflowFailed
 
     try:
-        return _train(cfg, resume) if eval_job is None else _eval(cfg, eval_job)
+        return _train(cfg, resume, stop_after) if eval_job is None else _eval(cfg, eval_job)
     except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkflowFailed) as err:
         print(_stopped(err, err), file=sys.stderr)
         return 1

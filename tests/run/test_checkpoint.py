@@ -150,6 +150,22 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(
 
 
 @pytest.mark.integration
+def test_a_run_stopped_after_n_steps_is_the_same_run_and_resumes_to_its_end(
+    tiny_model_dir: Path, tmp_path: Path, reference: dict[str, Any]
+) -> None:
+    """``--stop-after``: the steps done are the uninterrupted run's (its learning-rate
+    schedule spans all the steps), checkpointed there, and a resume finishes that run."""
+    run_dir = tmp_path / "run"
+    config = _config(tiny_model_dir, run_dir, tmp_path / "c.yaml", "train.save_every=2")
+    assert main(["train", "--config", str(config), "--stop-after", "3"]) == 0
+    _same_metrics(_check_records(run_dir), reference["metrics"][:3])
+    assert latest_checkpoint(run_dir).name == "step-000003"  # type: ignore[union-attr]
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    _same_metrics(_check_records(run_dir), reference["metrics"])
+    assert _completions(run_dir / "episodes.jsonl") == reference["episodes"]
+
+
+@pytest.mark.integration
 def test_resume_refuses_a_different_config_and_extends_steps(
     tiny_model_dir: Path,
     tmp_path: Path,

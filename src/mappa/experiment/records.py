@@ -9,14 +9,16 @@ workspaces (tens to hundreds of kB a run)::
     <records>/<arm>-s<seed>/heldout.jsonl  every held-out answer: step, task_id, correct
     <records>/<arm>-s<seed>/actions.jsonl  every training action: who, its coach score, its
                                            tool status, the oracle's verdict (``action_rows``)
-    <records>/<arm>-s<seed>/record.json    wall time, the code that trained it, the format
+    <records>/<arm>-s<seed>/record.json    wall time, the code and environment that trained
+                                           it, the format
     <records>/base/eval.json               the base model's held-out evaluation
 
 A record is written only after its run finished, so a record is never half a run. A record
 made with another config than the run it stands for now is refused, not reused. A config
 does not say everything: a default's meaning can change with the code, so a record keeps
-the commit(s) of the code that trained the run, as the run noted them (``run_code``), and a
-rerun says which records other code made.
+the commit(s) of the code that trained the run and the environment(s) it ran on (Python,
+the numeric libraries, the CPU), as the run noted them (``mappa.provenance``), and a rerun
+says which records other code or another environment made.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import yaml
 
 from mappa.experiment.spec import ExperimentError, RunSpec
 from mappa.jsonl import append_jsonl, iter_jsonl, read_jsonl
-from mappa.provenance import run_code
+from mappa.provenance import run_code, run_environments
 
 FORMAT = 2
 """1: config, metrics, held-out answers; 2: and actions.jsonl (a format-1 record has none)."""
@@ -170,7 +172,13 @@ class Records:
         append_jsonl(tmp / "actions.jsonl", action_rows(run_dir))
         (tmp / "record.json").write_text(
             json.dumps(
-                {"format": FORMAT, "run": run.name, "wall_s": wall_s, "code": run_code(run_dir)},
+                {
+                    "format": FORMAT,
+                    "run": run.name,
+                    "wall_s": wall_s,
+                    "code": run_code(run_dir),
+                    "environment": run_environments(run_dir),
+                },
                 indent=2,
             )
             + "\n"
@@ -187,6 +195,12 @@ class Records:
         """The code that trained ``run``, as its record says (``run_code``; ``None``:
         unknown, e.g. a record older than this field)."""
         return self._info(run).get("code")
+
+    def environment(self, run: RunSpec) -> dict[str, str] | None:
+        """The environment that trained ``run``'s last steps, as its record says (``None``:
+        unknown, a record older than this field)."""
+        envs = self._info(run).get("environment")
+        return dict(envs[-1]) if envs else None
 
     def actions(self, run: RunSpec) -> list[dict[str, Any]] | None:
         """``run``'s training actions (``action_rows``); None for a record older than them."""

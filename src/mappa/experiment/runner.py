@@ -34,10 +34,11 @@ import yaml
 
 from mappa.experiment.look import LOOK_FILE, read_look
 from mappa.experiment.records import Records, action_rows, run_dir_answers
+from mappa.experiment.reproduce import Comparison
 from mappa.experiment.results import RunRecord, summarize
 from mappa.experiment.spec import ExperimentError, RunSpec, load_experiment, plan_runs
 from mappa.jsonl import append_jsonl, read_jsonl
-from mappa.provenance import source_revision
+from mappa.provenance import environment, environment_changes, source_revision
 
 if TYPE_CHECKING:
     from mappa.coach.servers import LocalServer
@@ -63,11 +64,25 @@ def _clock(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-def made_by(code: str | None, now: str | None) -> str:
-    """What to add to "recorded already" when a record was made by other code than this."""
-    if code == now:
-        return ""
-    return f"; made by code {code or 'not recorded'}, this is {now or 'not a git checkout'}"
+def made_by(
+    code: str | None,
+    now: str | None,
+    env: dict[str, str] | None = None,
+    env_now: dict[str, str] | None = None,
+) -> str:
+    """What to add to "recorded already" when a record was made by other code than this, or
+    on another environment (``env``: the record's, ``None`` when it noted none).
+
+    >>> made_by("a", "a", {"torch": "2.13.0"}, {"torch": "2.14.1"})
+    '; made on torch 2.13.0 -> 2.14.1 (mappa experiment --reproduce tells if it matters)'
+    """
+    said = ""
+    if code != now:
+        said = f"; made by code {code or 'not recorded'}, this is {now or 'not a git checkout'}"
+    changes = environment_changes(env, env_now or {}) if env is not None else []
+    if changes:
+        said += f"; made on {', '.join(changes)} (mappa experiment --reproduce tells if it matters)"
+    return said
 
 
 def run_state(run: RunSpec) -> str:
@@ -190,7 +205,12 @@ class Experiment:
     def train(self, run: RunSpec, label: str) -> None:
         """Train one run (or resume it, or skip it when finished or recorded), then record it."""
         if run.name in self.recorded:
-            other = made_by(self.records.code(run), source_revision())
+            other = made_by(
+                self.records.code(run),
+                source_revision(),
+                self.records.environment(run),
+                environment(),
+            )
             print(f"{label}: recorded already ({self.records.root / run.name}{other})", flush=True)
             return
         state = run_state(run)
@@ -213,6 +233,69 @@ class Experiment:
             run.name, action, args, label, (run_dir / "metrics.jsonl", run.config.train.steps)
         )
         self.records.keep(run, self._wall(run.name))
+
+    def recorded_run(self, name: str) -> RunSpec:
+        """The run ``name``, which must be recorded with its actions (what ``reproduce``
+        compares)."""
+        run = next((r for r in self.runs if r.name == name), None)
+        if run is None:
+            names = ", ".join(r.name for r in self.runs)
+            raise ExperimentError(f"--reproduce {name}: no such run in {self.file} ({names})")
+        if name not in self.recorded or self.records.actions(run) is None:
+            raise ExperimentError(
+                f"--reproduce {name}: {self.records.root / name} holds no record of its "
+                "actions; only a recorded run (record format 2) can be compared"
+            )
+        return run
+
+    def reproduce(self, run: RunSpec) -> tuple[Comparison, list[str]]:
+        """Rerun recorded ``run``'s first step on this machine (``mappa train --stop-after
+        1`` on its own config, in ``<out>/reproduce/<name>``) and compare it with its record
+        (``mappa.experiment.reproduce``). Returns the comparison and what differs between
+        the record's code and environment and this one's. The rerun's dir is removed when
+        it matches, kept for a look when it does not."""
+        from mappa.experiment.reproduce import compare_step
+
+        name = run.name
+        recorded = self.records.actions(run) or []
+        run_dir = self.out / "reproduce" / name
+        shutil.rmtree(run_dir, ignore_errors=True)
+        path = self.out / "configs" / f"{name}.reproduce.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        config = run.config.model_copy(update={"run_dir": run_dir})  # a machine key only
+        path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        if run.config.asks_model_coach and self.server is not None:
+            print(f"coach server ({self.server.name}): starting; log {self.server.log}", flush=True)
+            self.server.start()
+        try:
+            args = ["train", "--config", str(path), "--stop-after", "1"]
+            label = f"{name} (its first step again)"
+            progress = (run_dir / "metrics.jsonl", 1)
+            self._child(f"{name}.reproduce", "reproduce", args, label, progress)
+        finally:
+            if self.server is not None:
+                self.server.stop()
+        first = self.records.read(run).metrics[0]
+        step = int(first["step"])
+        comparison = compare_step(
+            step,
+            [r for r in recorded if r["step"] == step],
+            [r for r in action_rows(run_dir) if r["step"] == step],
+            first,
+            read_jsonl(run_dir / "metrics.jsonl")[0],
+        )
+        env = self.records.environment(run)
+        changes = (
+            ["environment not recorded (a record older than that field)"]
+            if env is None
+            else environment_changes(env, environment())
+        )
+        code, now = self.records.code(run), source_revision()
+        if code != now:
+            changes.insert(0, f"code {code or 'not recorded'} -> {now or 'not a git checkout'}")
+        if comparison.reproduced:
+            shutil.rmtree(run_dir)
+        return comparison, changes
 
     def _child(
         self,

@@ -75,14 +75,20 @@ def _models(cfg: RunConfig, policies: AgentPolicies | None) -> RunModels:
 
 
 def train(
-    cfg: RunConfig, policies: AgentPolicies | None = None, resume: Path | None = None
+    cfg: RunConfig,
+    policies: AgentPolicies | None = None,
+    resume: Path | None = None,
+    stop_after: int | None = None,
 ) -> Path:
     """Run ``cfg.train.steps`` MAPPA steps; returns the run directory.
 
     ``policies`` may be passed in already loaded (notebooks, tests); by default they are
     built from ``cfg.model``. ``resume``: a run directory to continue from its newest
     checkpoint (``mappa.run.checkpoint``); ``cfg`` must match its config.yaml but for
-    ``train.steps``.
+    ``train.steps``. ``stop_after``: stop once that many steps are done (checkpointed
+    there, so ``resume`` continues); the run stays the same run, its learning-rate schedule
+    spanning all ``train.steps`` (``mappa experiment --reproduce`` reruns a run's first step
+    this way).
     """
     preflight.check(cfg)
     preflight.check_coach_reachable(cfg)  # here, not in check: a coach server may start later
@@ -150,7 +156,8 @@ def train(
             log.info("sync probe before step %d: %s", start, probe.check(start))
         saved = start if resume is not None else -1
         before = evaluator.at_start(runner) if start == 0 else {}  # goes on step 0's line
-        for step in tqdm(range(start, cfg.train.steps), desc="train", unit="step"):
+        end = cfg.train.steps if stop_after is None else min(stop_after, cfg.train.steps)
+        for step in tqdm(range(start, end), desc="train", unit="step"):
             rollout = runner.run(RolloutInput(next(batches), step, "train"))
             checkpoint.pause_point("rollout", step)
             episodes = rollout.episodes
@@ -187,8 +194,8 @@ def train(
             if cfg.train.save_every and (step + 1) % cfg.train.save_every == 0:
                 checkpoint.save_checkpoint(run_dir, step + 1, state)
                 saved = step + 1
-        if saved != max(start, cfg.train.steps):  # before closing: Ray actors hold the state
-            checkpoint.save_checkpoint(run_dir, max(start, cfg.train.steps), state)
+        if saved != max(start, end):  # before closing: Ray actors hold the state
+            checkpoint.save_checkpoint(run_dir, max(start, end), state)
     except (CoachFatalError, NonFiniteError, StaleAdapterError, WorkerLost, WorkflowFailed) as err:
         err.add_note(checkpoint.resume_hint(run_dir))
         raise
