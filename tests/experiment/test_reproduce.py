@@ -25,18 +25,22 @@ METRICS = {
     "update_s": 12.5,
     "coach/latency_p50_s": 1.2,
     "rollout_tokens_per_s": 80.0,
+    "coach/calls": 2,
+    "coach/cache_hits": 0,
 }
 
 
 def test_an_identical_step_is_reproduced_and_timings_are_not_compared() -> None:
     rerun = {**METRICS, "update_s": 99.0, "coach/latency_p50_s": 3.0, "rollout_tokens_per_s": 1.0}
+    rerun |= {"coach/calls": 0, "coach/cache_hits": 2}  # how the coach was asked, not what
     c = compare_step(0, _actions(), _actions(), METRICS, rerun)
     assert c.reproduced and (c.actions, c.actions_same) == (2, 2)
-    assert (c.metrics, c.metrics_same, c.timings) == (4, 4, 3)  # a NaN matches a NaN
+    assert (c.metrics, c.metrics_same, c.left_out) == (4, 4, 5)  # a NaN matches a NaN
     lines = verdict_lines("coach-s1", c, [])
     assert lines[0] == (
         "coach-s1, step 0: 2 of 2 training actions identical (coach score, tool status, "
-        "oracle verdict, outcome); 4 of 4 metrics identical (3 timings not compared)"
+        "oracle verdict, outcome); 4 of 4 metrics identical (5 timings and coach usage "
+        "counters not compared)"
     )
     assert lines[1:] == [
         "recorded on this code and environment",

@@ -11,8 +11,13 @@ compared, for the first step:
 - every training action's row (``action_rows``): its coach score, tool status, the
   oracle's verdict, the episode's outcome: these fingerprint the sampled text and the
   coach's read of it;
-- the step's metrics line but for its timings (keys ending in ``_s``): loss, grad norm,
-  KL, entropy and mean reward per agent fingerprint the update.
+- the step's metrics line but for its timings (keys ending in ``_s``) and the coach's
+  ``USAGE`` counters: loss, grad norm, KL, entropy and mean reward per agent fingerprint
+  the update.
+
+The rerun scores every action afresh, its coach cache off: a score read back from the cache
+the recorded run filled would test nothing on this machine. So how often the coach was
+called, its cache hits and tokens differ from the record by design, and are not compared.
 """
 
 from __future__ import annotations
@@ -26,6 +31,14 @@ SHOWN = 5
 """Differences named in the verdict (the rest are counted)."""
 
 
+USAGE = frozenset(
+    f"coach/{k}"
+    for k in ("calls", "cache_hits", "retries", "prompt_tokens", "completion_tokens", "cost_usd")
+)
+"""How the coach was called, not what it said: they follow the cache's state and the
+network, so a rerun with its cache off differs here by design."""
+
+
 def is_timing(key: str) -> bool:
     """A metrics key that measures time (``update_s``, ``coach/latency_p50_s``,
     ``rollout_tokens_per_s``): it differs between any two runs, so it is not compared.
@@ -34,6 +47,15 @@ def is_timing(key: str) -> bool:
     (True, False)
     """
     return key.rsplit("/", 1)[-1].endswith("_s")
+
+
+def compared(key: str) -> bool:
+    """A metrics key the comparison holds to the record: not a timing, not ``USAGE``.
+
+    >>> compared("rl/verifier/loss"), compared("coach/cache_hits"), compared("update_s")
+    (True, False, False)
+    """
+    return not is_timing(key) and key not in USAGE
 
 
 def same(a: Any, b: Any) -> bool:
@@ -56,10 +78,10 @@ class Comparison:
     """Training actions in the recorded step."""
     actions_same: int
     metrics: int
-    """Metrics keys compared (the recorded line's, but for timings)."""
+    """Metrics keys compared (the recorded line's, but for timings and ``USAGE``)."""
     metrics_same: int
-    timings: int
-    """Timing keys left out."""
+    left_out: int
+    """Timing and ``USAGE`` keys left out."""
     differences: list[str] = field(default_factory=list)
 
     @property
@@ -105,24 +127,24 @@ def compare_step(
             f"action {_action_label(old)}: "
             + ", ".join(f"{k} {old.get(k)!r} recorded, {new.get(k)!r} now" for k in changed)
         )
-    compared = [k for k in recorded_metrics if not is_timing(k)]
+    keys = [k for k in recorded_metrics if compared(k)]
     metrics_same = 0
-    for key in compared:
+    for key in keys:
         if same(recorded_metrics[key], metrics.get(key)):
             metrics_same += 1
         else:
             was, now = recorded_metrics[key], metrics.get(key)
             diffs.append(f"metric {key}: {was!r} recorded, {now!r} now")
-    extra = [k for k in metrics if k not in recorded_metrics and not is_timing(k)]
+    extra = [k for k in metrics if k not in recorded_metrics and compared(k)]
     if extra:
         diffs.append(f"metrics the record lacks: {', '.join(extra)}")
     return Comparison(
         step=step,
         actions=len(recorded_actions),
         actions_same=actions_same,
-        metrics=len(compared),
+        metrics=len(keys),
         metrics_same=metrics_same,
-        timings=sum(is_timing(k) for k in recorded_metrics),
+        left_out=sum(not compared(k) for k in recorded_metrics),
         differences=diffs,
     )
 
@@ -134,7 +156,8 @@ def verdict_lines(name: str, comparison: Comparison, changes: list[str]) -> list
     lines = [
         f"{name}, step {c.step}: {c.actions_same} of {c.actions} training actions identical "
         "(coach score, tool status, oracle verdict, outcome); "
-        f"{c.metrics_same} of {c.metrics} metrics identical ({c.timings} timings not compared)"
+        f"{c.metrics_same} of {c.metrics} metrics identical ({c.left_out} timings and coach "
+        "usage counters not compared)"
     ]
     lines += [f"  differs: {d}" for d in c.differences[:SHOWN]]
     if len(c.differences) > SHOWN:

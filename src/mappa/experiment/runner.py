@@ -262,7 +262,9 @@ class Experiment:
         shutil.rmtree(run_dir, ignore_errors=True)
         path = self.out / "configs" / f"{name}.reproduce.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        config = run.config.model_copy(update={"run_dir": run_dir})  # a machine key only
+        config = run.config.model_copy(deep=True)
+        config.run_dir = run_dir  # a machine key only
+        config.coach.cache.mode = "off"  # scored afresh: a cached score tests nothing here
         path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
         if run.config.asks_model_coach and self.server is not None:
             print(f"coach server ({self.server.name}): starting; log {self.server.log}", flush=True)
