@@ -572,6 +572,42 @@ def test_coach_server_starts_only_for_arms_that_ask_a_coach_and_always_stops(
     assert fake.events == ["start", "stop"]
 
 
+def test_reproduce_reruns_one_step_scored_afresh_with_the_server_up_only_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``--reproduce`` asks of the child (its own config, the cache off, one step) and
+    of the coach server; the real rerun is in the end-to-end test below."""
+    first, _, _ = _fake_experiment(tmp_path / "a", monkeypatch, server=True)
+    first.run()  # every run recorded (by fake children)
+    records = first.records.root
+    experiment, _, fake = _fake_experiment(tmp_path / "b", monkeypatch, True, records)
+    configs: list[dict[str, Any]] = []
+
+    def child(name: str, action: str, args: list[str], *rest: Any) -> None:
+        assert args[-2:] == ["--stop-after", "1"] and action == "reproduce"
+        fake.running_during.append(fake.running)
+        cfg = yaml.safe_load(Path(args[args.index("--config") + 1]).read_text())
+        configs.append(cfg)
+        run_dir = Path(cfg["run_dir"])
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text(f'{{"step": 0, "run": "{name[:-10]}"}}\n')
+
+    monkeypatch.setattr(experiment, "_child", child)
+    for name, server_up in (("process-s0", True), ("outcome_only-s0", False)):
+        comparison, changes = experiment.reproduce(experiment.recorded_run(name))
+        assert comparison.reproduced and changes == []  # same code, same machine
+        assert configs[-1]["coach"]["cache"]["mode"] == "off"
+        assert configs[-1]["run_dir"] == str(experiment.out / "reproduce" / name)
+        assert fake.running_during[-1] is server_up and not fake.running
+        assert not (experiment.out / "reproduce" / name).exists()  # matched: removed
+    with pytest.raises(ExperimentError, match="--reproduce nope-s0: no such run in "):
+        experiment.recorded_run("nope-s0")
+    shutil.rmtree(records / "grpo-s1")
+    experiment.recorded.discard("grpo-s1")
+    with pytest.raises(ExperimentError, match=r"--reproduce grpo-s1: .* holds no record"):
+        experiment.recorded_run("grpo-s1")
+
+
 # ----------------------------------------------------------------- end to end
 @pytest.mark.integration
 def test_tiny_experiment_end_to_end_and_rerun_resumes_nothing(
