@@ -13,6 +13,7 @@ from conftest import tiny_run_config
 from mappa.cli import main
 from mappa.config import RunConfig
 from mappa.jsonl import read_jsonl
+from mappa.provenance import environment, source_revision
 from mappa.records import read_episodes
 from mappa.run.loop import train
 from mappa.sandbox import ExecutionResult, Status
@@ -68,6 +69,7 @@ def test_mappa_eval_writes_eval_json_with_all_metrics(
             assert result[f"{metric}/{agent}"] is not None, (metric, agent)
     assert 0.0 <= result["tool_call_rate/code_executor"] <= 1.0
     assert "exec_error_rate/code_executor" in result
+    assert (result["code"], result["environment"]) == (source_revision(), environment())
     assert [len(t["predictions"]) for t in result["per_task"]] == [2, 2, 2]
     episodes = read_episodes(out / "eval_episodes.jsonl")
     assert len(episodes) == 6 and {e.task_id for e in episodes} == {

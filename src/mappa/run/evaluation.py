@@ -22,6 +22,7 @@ from typing import Any
 
 from mappa.config import RunConfig
 from mappa.paths import checkpoint_of
+from mappa.provenance import environment, source_revision
 from mappa.records import Episode, append_episodes
 from mappa.run.metrics import accuracy, agent_metrics
 from mappa.tasks import Columns, Task, load_tasks
@@ -119,7 +120,8 @@ def evaluate(
     adapters_dir: Path | None = None,
 ) -> dict[str, Any]:
     """``mappa eval``: evaluate, write ``eval.json`` and ``eval_episodes.jsonl`` (both
-    replaced: one evaluation per directory)."""
+    replaced: one evaluation per directory). ``eval.json`` names the code and environment
+    that evaluated (``mappa.provenance``), as a run's record does."""
     start = time.monotonic()
     metrics, episodes, per_task = run_heldout(cfg, rollout, tasks)
     result = {
@@ -128,6 +130,8 @@ def evaluate(
         "answer_format": cfg.tasks.answer_format,
         **metrics,
         "wall_s": time.monotonic() - start,
+        "code": source_revision(),
+        "environment": environment(),
         "per_task": per_task,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
