@@ -239,8 +239,12 @@ class Experiment:
         compares)."""
         run = next((r for r in self.runs if r.name == name), None)
         if run is None:
-            names = ", ".join(r.name for r in self.runs)
-            raise ExperimentError(f"--reproduce {name}: no such run in {self.file} ({names})")
+            arms = ", ".join(dict.fromkeys(r.arm for r in self.runs))
+            seeds = ", ".join(str(s) for s in self.spec.seeds)
+            raise ExperimentError(
+                f"--reproduce {name}: no such run in {self.file}; a run is <arm>-s<seed>, its "
+                f"arms {arms}, its seeds {seeds}"
+            )
         if name not in self.recorded or self.records.actions(run) is None:
             raise ExperimentError(
                 f"--reproduce {name}: {self.records.root / name} holds no record of its "
