@@ -75,7 +75,7 @@ def environment() -> dict[str, str]:
 
 def environment_changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
     """What differs between two environments, one ``"name X -> Y"`` per key ("none" where
-    one lacks it), in ``before``'s order.
+    one lacks it), ``before``'s keys first.
 
     >>> environment_changes({"python": "3.11.7", "torch": "2.13.0"},
     ...                     {"python": "3.11.7", "torch": "2.14.1", "vllm": "0.32.0"})
