@@ -37,7 +37,12 @@ def _checkpoint_layers(model: Any) -> list[Any]:
     """
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:  # the name newer transformers give it (the old one warns)
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no checkpointable layers")
