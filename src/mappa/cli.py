@@ -910,7 +910,7 @@ def _reproduce(experiment: Experiment, name: str) -> int:
         return 130
     print("\n".join(verdict_lines(name, comparison, changes)))
     if not comparison.reproduced:
-        print(f"the rerun is kept for a look: {experiment.out / 'reproduce' / name}")
+        print(f"the rerun is kept for a look: {experiment.reproduce_dir(name)}")
     return 0 if comparison.reproduced else 1
 
 

@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -152,6 +153,23 @@ class Experiment:
                 "%s: one seed per arm: no spread, so no difference can be called", self.file
             )
 
+    @cached_property
+    def here(self) -> tuple[str | None, dict[str, str]]:
+        """The code and environment running now (``mappa.provenance``), which every
+        record is held against: computed once (``source_revision`` runs git)."""
+        return source_revision(), environment()
+
+    def reproduce_dir(self, name: str) -> Path:
+        """Where ``reproduce`` reruns run ``name``'s first step."""
+        return self.out / "reproduce" / name
+
+    def _start_server_for(self, run: RunSpec) -> None:
+        """Start the experiment's coach server if ``run`` asks a model coach and it never
+        started."""
+        if run.config.asks_model_coach and self.server is not None and self.server.proc is None:
+            print(f"coach server ({self.server.name}): starting; log {self.server.log}", flush=True)
+            self.server.start()
+
     def _server(self) -> LocalServer | None:
         s = self.spec.coach_server
         if s is None:
@@ -205,12 +223,8 @@ class Experiment:
     def train(self, run: RunSpec, label: str) -> None:
         """Train one run (or resume it, or skip it when finished or recorded), then record it."""
         if run.name in self.recorded:
-            other = made_by(
-                self.records.code(run),
-                source_revision(),
-                self.records.environment(run),
-                environment(),
-            )
+            code, env = self.here
+            other = made_by(self.records.code(run), code, self.records.environment(run), env)
             print(f"{label}: recorded already ({self.records.root / run.name}{other})", flush=True)
             return
         state = run_state(run)
@@ -222,9 +236,7 @@ class Experiment:
         if state == "new" and run_dir.exists():  # started, but no step was checkpointed
             log.warning("%s: no checkpoint in %s; starting it over", run.name, run_dir)
             shutil.rmtree(run_dir)
-        if run.config.asks_model_coach and self.server is not None and self.server.proc is None:
-            print(f"coach server ({self.server.name}): starting; log {self.server.log}", flush=True)
-            self.server.start()
+        self._start_server_for(run)
         args = ["train", "--config", str(self.config_path(run))]
         if state == "resume":
             args += ["--resume", str(run_dir)]
@@ -262,7 +274,7 @@ class Experiment:
 
         name = run.name
         recorded = self.records.actions(run) or []
-        run_dir = self.out / "reproduce" / name
+        run_dir = self.reproduce_dir(name)
         shutil.rmtree(run_dir, ignore_errors=True)
         path = self.out / "configs" / f"{name}.reproduce.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -270,9 +282,7 @@ class Experiment:
         config.run_dir = run_dir  # a machine key only
         config.coach.cache.mode = "off"  # scored afresh: a cached score tests nothing here
         path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        if run.config.asks_model_coach and self.server is not None:
-            print(f"coach server ({self.server.name}): starting; log {self.server.log}", flush=True)
-            self.server.start()
+        self._start_server_for(run)
         try:
             args = ["train", "--config", str(path), "--stop-after", "1"]
             label = f"{name} (its first step again)"
@@ -290,13 +300,13 @@ class Experiment:
             first,
             read_jsonl(run_dir / "metrics.jsonl")[0],
         )
-        env = self.records.environment(run)
+        env, (now, env_now) = self.records.environment(run), self.here
         changes = (
             ["environment not recorded (a record older than that field)"]
             if env is None
-            else environment_changes(env, environment())
+            else environment_changes(env, env_now)
         )
-        code, now = self.records.code(run), source_revision()
+        code = self.records.code(run)
         if code != now:
             changes.insert(0, f"code {code or 'not recorded'} -> {now or 'not a git checkout'}")
         if comparison.reproduced:
