@@ -514,8 +514,8 @@ def test_records_let_a_rerun_elsewhere_skip_finished_runs_and_refuse_a_changed_c
     assert experiment.recorded == {"process-s0", "process-s1"}
     experiment.run()
     said = {line.split(": ")[0][-10:]: line for line in capsys.readouterr().out.splitlines()}
-    assert "recorded already" in said["process-s0"] and "made by code" not in said["process-s0"]
-    assert f"made by code abc, this is {source_revision()}" in said["process-s1"]
+    assert "recorded already" in said["process-s0"] and "another code" not in said["process-s0"]
+    assert f"another code or environment: code abc -> {source_revision()} " in said["process-s1"]
     assert [c[2].rsplit("/", 1)[-1] for c in children] == [
         f"{arm}-s{s}.yaml" for s in (0, 1) for arm in ("outcome_only", "grpo")
     ]  # neither the base nor the recorded runs again
@@ -528,19 +528,19 @@ def test_records_let_a_rerun_elsewhere_skip_finished_runs_and_refuse_a_changed_c
 
 
 def test_made_by_names_other_code_and_says_when_it_is_unknown() -> None:
-    from mappa.experiment.runner import made_by
+    from mappa.experiment.runner import made_by, record_changes
 
+    said, hint = "; recorded on another code or environment: ", " (mappa experiment --reproduce"
     assert made_by("abc", "abc") == ""
-    assert made_by("abc", "def") == "; made by code abc, this is def"
-    assert made_by(None, "def") == "; made by code not recorded, this is def"
-    assert made_by("abc", None) == "; made by code abc, this is not a git checkout"
+    assert made_by("abc", "def") == f"{said}code abc -> def{hint} tells if it matters)"
+    assert record_changes(None, "def") == ["code not recorded -> def"]
+    assert record_changes("abc", None) == ["code abc -> not a git checkout"]
     # and the environment: only what changed, only where the record noted one
     env = {"python": "3.11.7", "transformers": "5.24.0"}
     assert made_by("abc", "abc", env, env) == ""
     assert made_by("abc", "abc", None, env) == ""  # a record older than the field
     assert made_by("abc", "def", env, {**env, "transformers": "5.25.0"}) == (
-        "; made by code abc, this is def; made on transformers 5.24.0 -> 5.25.0 "
-        "(mappa experiment --reproduce tells if it matters)"
+        f"{said}code abc -> def; transformers 5.24.0 -> 5.25.0{hint} tells if it matters)"
     )
 
 
@@ -602,9 +602,12 @@ def test_reproduce_reruns_one_step_scored_afresh_with_the_server_up_only_meanwhi
         assert not (experiment.out / "reproduce" / name).exists()  # matched: removed
     with pytest.raises(ExperimentError, match="--reproduce nope-s0: no such run in "):
         experiment.recorded_run("nope-s0")
+    (records / "grpo-s0" / "actions.jsonl").unlink()  # as a format-1 record
+    with pytest.raises(ExperimentError, match=r"--reproduce grpo-s0: its record .* older than"):
+        experiment.recorded_run("grpo-s0")
     shutil.rmtree(records / "grpo-s1")
     experiment.recorded.discard("grpo-s1")
-    with pytest.raises(ExperimentError, match=r"--reproduce grpo-s1: .* holds no record"):
+    with pytest.raises(ExperimentError, match=r"--reproduce grpo-s1: not recorded yet in "):
         experiment.recorded_run("grpo-s1")
 
 

@@ -202,10 +202,13 @@ class Records:
         envs = self._info(run).get("environment")
         return dict(envs[-1]) if envs else None
 
+    def has_actions(self, run: RunSpec) -> bool:
+        """Whether ``run``'s record keeps its training actions (format 2 on)."""
+        return (self.root / run.name / "actions.jsonl").is_file()
+
     def actions(self, run: RunSpec) -> list[dict[str, Any]] | None:
         """``run``'s training actions (``action_rows``); None for a record older than them."""
-        path = self.root / run.name / "actions.jsonl"
-        return read_jsonl(path) if path.is_file() else None
+        return read_jsonl(self.root / run.name / "actions.jsonl") if self.has_actions(run) else None
 
     def read(self, run: RunSpec) -> StoredRun:
         folder = self.root / run.name

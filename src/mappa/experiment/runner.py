@@ -65,6 +65,25 @@ def _clock(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
+def record_changes(
+    code: str | None,
+    now: str | None,
+    env: dict[str, str] | None = None,
+    env_now: dict[str, str] | None = None,
+) -> list[str]:
+    """What differs between the code and environment that made a record (``env``: ``None``
+    when the record noted none) and those running now, one ``"X -> Y"`` each; the words
+    both "recorded already" and ``--reproduce`` use.
+
+    >>> record_changes("a", "b", {"torch": "2.13.0"}, {"torch": "2.14.1"})
+    ['code a -> b', 'torch 2.13.0 -> 2.14.1']
+    """
+    changes = environment_changes(env, env_now or {}) if env is not None else []
+    if code != now:
+        changes.insert(0, f"code {code or 'not recorded'} -> {now or 'not a git checkout'}")
+    return changes
+
+
 def made_by(
     code: str | None,
     now: str | None,
@@ -72,18 +91,18 @@ def made_by(
     env_now: dict[str, str] | None = None,
 ) -> str:
     """What to add to "recorded already" when a record was made by other code than this, or
-    on another environment (``env``: the record's, ``None`` when it noted none).
+    on another environment (``record_changes``).
 
-    >>> made_by("a", "a", {"torch": "2.13.0"}, {"torch": "2.14.1"})
-    '; made on torch 2.13.0 -> 2.14.1 (mappa experiment --reproduce tells if it matters)'
+    >>> made_by("a", "a", {"torch": "2.13.0"}, {"torch": "2.14.1"})  # doctest: +ELLIPSIS
+    '; recorded on another code or environment: torch 2.13.0 -> 2.14.1 (mappa ...)'
     """
-    said = ""
-    if code != now:
-        said = f"; made by code {code or 'not recorded'}, this is {now or 'not a git checkout'}"
-    changes = environment_changes(env, env_now or {}) if env is not None else []
-    if changes:
-        said += f"; made on {', '.join(changes)} (mappa experiment --reproduce tells if it matters)"
-    return said
+    changes = record_changes(code, now, env, env_now)
+    if not changes:
+        return ""
+    return (
+        f"; recorded on another code or environment: {'; '.join(changes)} "
+        "(mappa experiment --reproduce tells if it matters)"
+    )
 
 
 def run_state(run: RunSpec) -> str:
@@ -257,10 +276,15 @@ class Experiment:
                 f"--reproduce {name}: no such run in {self.file}; a run is <arm>-s<seed>, its "
                 f"arms {arms}, its seeds {seeds}"
             )
-        if name not in self.recorded or self.records.actions(run) is None:
+        if name not in self.recorded:
             raise ExperimentError(
-                f"--reproduce {name}: {self.records.root / name} holds no record of its "
-                "actions; only a recorded run (record format 2) can be compared"
+                f"--reproduce {name}: not recorded yet in {self.records.root}; only a "
+                "recorded run can be compared"
+            )
+        if not self.records.has_actions(run):
+            raise ExperimentError(
+                f"--reproduce {name}: its record {self.records.root / name} is older than "
+                "the training actions a rerun is compared with (record format 1)"
             )
         return run
 
@@ -301,14 +325,9 @@ class Experiment:
             read_jsonl(run_dir / "metrics.jsonl")[0],
         )
         env, (now, env_now) = self.records.environment(run), self.here
-        changes = (
-            ["environment not recorded (a record older than that field)"]
-            if env is None
-            else environment_changes(env, env_now)
-        )
-        code = self.records.code(run)
-        if code != now:
-            changes.insert(0, f"code {code or 'not recorded'} -> {now or 'not a git checkout'}")
+        changes = record_changes(self.records.code(run), now, env, env_now)
+        if env is None:
+            changes.append("environment not recorded (a record older than that field)")
         if comparison.reproduced:
             shutil.rmtree(run_dir)
         return comparison, changes
