@@ -177,11 +177,16 @@ def _simulate_look(args: argparse.Namespace, rng: np.random.Generator, run_sd: f
         a, b = _simulate(args, rng, run_sd, most, gap)
         seeds, calls = adaptive_calls(a, b, after, rule, planned)
         shares = "".join(
-            f"{float((seeds == n).mean()):>14.3f}{float(calls[seeds == n].mean()):>13.3f}"
-            for n in counts
+            f"{float((seeds == n).mean()):>14.3f}{_share(calls[seeds == n]):>13}" for n in counts
         )
         print(f"{gap:>6.2f}{float(calls.mean()):>10.3f}{float(seeds.mean()):>12.2f}{shares}")
     return 0
+
+
+def _share(calls: np.ndarray) -> str:
+    """The share of ``calls`` that called a difference; ``-`` when no simulated experiment
+    ended at that seed count (no share to give, rather than numpy's nan and warning)."""
+    return f"{float(calls.mean()):.3f}" if calls.size else "-"
 
 
 if __name__ == "__main__":

@@ -71,3 +71,6 @@ def test_the_simulated_look_tests_on_the_seeds_it_decides() -> None:
     assert seeds.tolist() == [6, 10]
     assert calls[0] and calls[0] == significant(paired_t(a[0, :6], b[0, :6]).p)
     assert calls[1] == significant(paired_t(a[1], b[1]).p)
+    # a seed count no simulated experiment ended at has no share of calls, not numpy's nan
+    assert power._share(calls[seeds == 8]) == "-"
+    assert power._share(np.array([True, False])) == "0.500"
