@@ -28,6 +28,7 @@ import argparse
 import numpy as np
 from scipy import optimize, special
 
+from mappa.experiment.markdown import fmt
 from mappa.experiment.verdicts import paired_t, significant
 
 
@@ -186,7 +187,7 @@ def _simulate_look(args: argparse.Namespace, rng: np.random.Generator, run_sd: f
 def _share(calls: np.ndarray) -> str:
     """The share of ``calls`` that called a difference; ``-`` when no simulated experiment
     ended at that seed count (no share to give, rather than numpy's nan and warning)."""
-    return f"{float(calls.mean()):.3f}" if calls.size else "-"
+    return fmt(float(calls.mean()) if calls.size else None)
 
 
 if __name__ == "__main__":
