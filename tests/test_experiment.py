@@ -73,7 +73,7 @@ def _action(episode: str, agent: str, score: float, oracle: bool) -> dict[str, A
 
 ACTIONS = [  # one failed episode: the solver went wrong first and scored lowest
     _action("e1", "problem_solver", 1.0, False),
-    _action("e1", "code_executor", 6.0, True),
+    {**_action("e1", "code_executor", 6.0, True), "tool_status": "ok"},
     _action("e1", "verifier", 3.0, False),
     _action("e2", "problem_solver", 8.0, True),
 ]
@@ -153,6 +153,12 @@ def test_results_table_over_seeds_and_verdicts() -> None:
     assert credit["first_wrong_lowest"] == {"hits": 1, "episodes": 1}
     assert "| process | problem_solver | 1.000 | 1 / 1 |" in page
     assert "| process | 1 / 1 |" in page
+    assert process["tool_outcomes"] == [
+        {"agent": "code_executor", "status": "ok", "actions": 1, "mean_score": 6.0,
+         "oracle_right": 1.0}
+    ]  # fmt: skip
+    assert outcome["tool_outcomes"] == []  # no actions recorded
+    assert "| process | code_executor | ok | 1 | 6.00 | 1.000 |" in page
 
 
 def test_results_degenerate_one_seed_and_an_arm_without_eval() -> None:

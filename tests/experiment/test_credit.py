@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from mappa.experiment.credit import AgentAuc, Blame, first_wrong_blame, oracle_auc
+from mappa.experiment.credit import (
+    AgentAuc,
+    Blame,
+    ToolOutcome,
+    by_tool_outcome,
+    first_wrong_blame,
+    oracle_auc,
+)
 
 AGENTS = ["problem_solver", "code_executor", "verifier"]
 
@@ -51,3 +58,23 @@ def test_blame_falls_on_the_first_agent_that_went_wrong() -> None:
     ]  # fmt: skip
     assert first_wrong_blame(rows, AGENTS) == Blame(hits=1, episodes=2)
     assert first_wrong_blame([], AGENTS) == Blame(0, 0)
+
+
+def test_tool_outcomes_show_what_a_reply_that_ran_no_code_was_paid() -> None:
+    rows = [
+        _row("a", "code_executor", 10.0, False),  # stated a number, ran nothing
+        _row("b", "code_executor", 9.0, True, tool_status=None),
+        _row("c", "code_executor", 4.0, True, tool_status="ok"),
+        _row("d", "code_executor", 0.0, False, tool_status="error", flagged=True),  # fallback
+        _row("e", "code_executor", 2.0, None, tool_status="timeout"),  # no verdict recorded
+        _row("f", "problem_solver", 7.0, True),  # no tool: not grouped
+        _row("g", "verifier", None, False, tool_status="ok"),  # an outcome arm: no score
+    ]
+    assert by_tool_outcome(rows, AGENTS) == [  # in pipeline order, ok first, no code last
+        ToolOutcome("code_executor", "ok", 1, 4.0, 1.0),
+        ToolOutcome("code_executor", "error", 1, None, 0.0),
+        ToolOutcome("code_executor", "timeout", 1, 2.0, None),
+        ToolOutcome("code_executor", "no code", 2, 9.5, 0.5),
+        ToolOutcome("verifier", "ok", 1, None, 0.0),
+    ]
+    assert by_tool_outcome([], AGENTS) == []

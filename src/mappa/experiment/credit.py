@@ -1,6 +1,7 @@
 """Credit assignment read from a run's recorded training actions (``records.action_rows``):
 does the coach score the actions the answer oracle finds right above the ones it finds
-wrong, and in a failed episode does it score lowest the agent that went wrong first?
+wrong, in a failed episode does it score lowest the agent that went wrong first, and what
+does it give a tool-using agent's reply by how its code run ended (or that it ran none)?
 
 The oracle's per-action verdict (its result equals the reference) is recorded for every run
 whatever its reward, so the coach's scores can be checked against it after the run; the
@@ -12,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Any
+from typing import Any, get_args
 
 from mappa.coach.check import pair_accuracy
+from mappa.records import ToolStatus
 
 Row = Mapping[str, Any]
 
@@ -30,13 +32,14 @@ class AgentAuc:
     wrong: int
 
 
+def _usable(rows: Iterable[Row]) -> list[Row]:
+    """Actions with a score that is not a flagged fallback."""
+    return [r for r in rows if r.get("score") is not None and not r.get("flagged")]
+
+
 def _scored(rows: Iterable[Row]) -> list[Row]:
-    """Actions with a score that is not a flagged fallback and an oracle verdict."""
-    return [
-        r
-        for r in rows
-        if r.get("score") is not None and not r.get("flagged") and r.get("oracle") is not None
-    ]
+    """Actions with a usable score and an oracle verdict."""
+    return [r for r in _usable(rows) if r.get("oracle") is not None]
 
 
 def oracle_auc(rows: Iterable[Row], agents: Sequence[str]) -> list[AgentAuc]:
@@ -97,3 +100,62 @@ def first_wrong_blame(rows: Iterable[Row], agents: Sequence[str]) -> Blame:
         episodes += 1
         hits += low[0]["agent"] == wrong[0]["agent"]
     return Blame(hits, episodes)
+
+
+NO_CODE = "no code"
+"""The tool outcome of a tool-using agent's reply that ran no program."""
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """A tool-using agent's training actions that ended one way (``status``: a
+    ``records.ToolStatus`` or ``NO_CODE``): how many, their mean usable score (None
+    without one) and the share the oracle found right (None without a verdict)."""
+
+    agent: str
+    status: str
+    actions: int
+    mean_score: float | None
+    oracle_right: float | None
+
+
+def by_tool_outcome(rows: Iterable[Row], agents: Sequence[str]) -> list[ToolOutcome]:
+    """Per agent that ran code at least once (in ``agents``' order), its actions grouped by
+    how the code run ended, replies that ran none included. A reward that pays a reply for
+    stating a result whether or not a program produced it shows here as a high mean score
+    on ``no code``.
+
+    >>> rows = [{"agent": "c", "tool_status": t, "score": s, "oracle": o, "flagged": False}
+    ...         for t, s, o in [("ok", 6, True), (None, 10, False), (None, 8, False)]]
+    >>> [(t.status, t.actions, t.mean_score, t.oracle_right) for t in by_tool_outcome(rows, "sc")]
+    [('ok', 1, 6.0, 1.0), ('no code', 2, 9.0, 0.0)]
+    """
+    rows = list(rows)
+    out = []
+    for agent in agents:
+        mine = [r for r in rows if r["agent"] == agent]
+        if all(r.get("tool_status") is None for r in mine):
+            continue
+        for name in sorted({_outcome(r) for r in mine}, key=_status_order):
+            group = [r for r in mine if _outcome(r) == name]
+            scores = [float(r["score"]) for r in _usable(group)]
+            verdicts = [bool(r["oracle"]) for r in group if r.get("oracle") is not None]
+            out.append(
+                ToolOutcome(
+                    agent,
+                    name,
+                    len(group),
+                    sum(scores) / len(scores) if scores else None,
+                    sum(verdicts) / len(verdicts) if verdicts else None,
+                )
+            )
+    return out
+
+
+def _outcome(row: Row) -> str:
+    return str(row.get("tool_status") or NO_CODE)
+
+
+def _status_order(status: str) -> int:
+    order = [*get_args(ToolStatus), NO_CODE]
+    return order.index(status) if status in order else len(order)

@@ -137,6 +137,7 @@ def results_markdown(results: dict[str, Any], title: str) -> str:
             for arm, c in credited.items()
         ]
         lines += table(["arm", "lowest score on the first wrong agent"], rows)
+    lines += tool_outcome_section(arms)
     keys = list(dict.fromkeys(k for a in arms.values() for k in a["behaviour"]))
     if keys:
         lines += ["## Behaviour on the held-out set (final evaluation; base model beside)", ""]
@@ -152,6 +153,27 @@ def results_markdown(results: dict[str, Any], title: str) -> str:
     lines += look_section(results.get("look"))
     lines += verdict_lines(results)
     return "\n".join(lines)
+
+
+def tool_outcome_section(arms: Mapping[str, Any]) -> list[str]:
+    """Each arm's tool-using agents' training actions by how their code run ended."""
+    rows = [
+        [arm, t["agent"], t["status"], str(t["actions"]), fmt(t["mean_score"], 2),
+         fmt(t["oracle_right"])]
+        for arm, a in arms.items()
+        for t in a.get("tool_outcomes", [])
+    ]  # fmt: skip
+    if not rows:
+        return []
+    return [
+        "## Tool-using agents' training actions by how their code run ended",
+        "",
+        "Over all seeds: how many actions, their mean reward score (`-`: the arm has no "
+        "per-action score) and the share the oracle found right. `no code`: the reply ran "
+        "no program.",
+        "",
+        *table(["arm", "agent", "code run", "actions", "mean score", "oracle right"], rows),
+    ]
 
 
 def look_section(look: Mapping[str, Any] | None) -> list[str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from statistics import mean, stdev
 from typing import Any
 
-from mappa.experiment.credit import first_wrong_blame, oracle_auc
+from mappa.experiment.credit import by_tool_outcome, first_wrong_blame, oracle_auc
 from mappa.experiment.verdicts import RULE, ArmFinals, Pair, verdicts
 
 TRAIN_WINDOW = 5
@@ -193,6 +193,14 @@ def credit(runs: Sequence[RunRecord], agents: Sequence[str]) -> dict[str, Any] |
     }
 
 
+def tool_outcomes(runs: Sequence[RunRecord], agents: Sequence[str]) -> list[dict[str, Any]]:
+    """The arm's training actions of each tool-using agent over all its seeds, by how the
+    code run ended (``mappa.experiment.credit.by_tool_outcome``): what the reward paid a
+    reply that ran no program against one whose program ran."""
+    rows = [a for r in runs for a in (r.actions or [])]
+    return [vars(t) for t in by_tool_outcome(rows, agents)]
+
+
 def arm_summary(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, Any]:
     """One arm's numbers over its seeds (``runs``: its runs, one per seed)."""
     agents = list(dict.fromkeys(a for r in runs for a in r.agents))
@@ -215,6 +223,7 @@ def arm_summary(runs: Sequence[RunRecord], base: Metrics | None) -> dict[str, An
         "optimizer_steps": {a: spread([optimizer_steps(r).get(a) for r in runs]) for a in agents},
         "starved_steps": spread([starved_steps(r) for r in runs]),
         "credit": credit(runs, agents),
+        "tool_outcomes": tool_outcomes(runs, agents),
         "wall_s": spread([r.wall_s for r in runs]),
         "runs": {
             f"{r.arm}-s{r.seed}": {
