@@ -152,6 +152,8 @@ def test_make_coach_builds_the_rule_uncached_and_without_a_model() -> None:
         ({**_RAN, "stdout": "11\n"}, 10.0),
         ({**_RAN, "stdout": "done\n"}, 5.0),  # ran, printed no number
         ({**_RAN, "tool_status": "error", "stdout": "11\n"}, 5.0),  # failed: no result
+        # asked to run code (shown the workspace), wrote none: the number it states earns nothing
+        ({"agent": "code_executor", "files": "(no files)", "output": "It is 11."}, 5.0),
         ({"output": "5 + 6 = 11"}, 10.0),
         ({"output": "Let me think", "truncated": True}, 0.0),
     ],
@@ -162,6 +164,7 @@ def test_make_coach_builds_the_rule_uncached_and_without_a_model() -> None:
         "printed",
         "no-number",
         "crashed",
+        "ran-no-code",
         "stated",
         "cut-off-nothing",
     ],

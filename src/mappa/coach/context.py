@@ -50,6 +50,13 @@ class CoachContext:
     worked_answer: str | None = None
     hindsight: str | None = None
 
+    @property
+    def runs_code(self) -> bool:
+        """Whether the action's call ran its reply's code in the episode's workspace: only
+        such a call is shown the workspace listing (``files``), so one with no
+        ``tool_status`` wrote no program where it was asked to run one."""
+        return self.files is not None
+
     def digest(self) -> str:
         """A stable hash of everything the coach sees (the cache key's context part)."""
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()

@@ -14,7 +14,8 @@ Built-in rules, each a yardstick for a model coach:
   (``mappa.workflow.oracle``), the best a coach could do on an answer task. The gap between
   a run trained on it and one trained on a model coach is the price of the real coach.
 - ``format_rule``: form only, no label: a reply not cut off that commits to a result in
-  the form its role owes. It separates "an LLM judges the process" from "any dense
+  the form its role owes (for an agent that runs code: a program that ran and printed a
+  number). It separates "an LLM judges the process" from "any dense
   shaping of form".
 - ``random_score``: a uniform score per action, a fixed function of the action: the
   control for "more full-size optimizer steps" against "better credit".
@@ -91,9 +92,13 @@ FORMAT_PART = 5.0
 def format_rule(ctx: CoachContext) -> Score:
     """Form, not content: 5 points for a reply not cut off at the token limit, 5 for one
     that commits to a result in the form its role owes (``action_result``: the final
-    agent's answer as the grader reads it, a program that ran and printed a number, any
-    other reply's stated result). Never reads the reference."""
-    result, where = context_result(ctx)
+    agent's answer as the grader reads it; for an agent that runs code, a program that ran
+    and printed a number, so a reply that ran none earns nothing for the number it states;
+    any other reply's stated result). Never reads the reference."""
+    if ctx.runs_code and ctx.tool_status is None and not ctx.is_final:
+        result, where = None, "it ran no program"
+    else:
+        result, where = context_result(ctx)
     whole = not ctx.truncated
     value = FORMAT_PART * whole + FORMAT_PART * (result is not None)
     said = f"{where}: {result}" if result is not None else f"no result ({where})"
