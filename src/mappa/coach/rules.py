@@ -15,8 +15,7 @@ Built-in rules, each a yardstick for a model coach:
   a run trained on it and one trained on a model coach is the price of the real coach.
 - ``format_rule``: form only, no label: a reply not cut off that commits to a result in
   the form its role owes (for an agent that runs code: a program that ran and printed a
-  number). It separates "an LLM judges the process" from "any dense
-  shaping of form".
+  number). It separates "an LLM judges the process" from "any dense shaping of form".
 - ``random_score``: a uniform score per action, a fixed function of the action: the
   control for "more full-size optimizer steps" against "better credit".
 """
