@@ -179,10 +179,16 @@ def starved_steps(run: RunRecord) -> int:
     return sum(1 for m in run.metrics if m.get("accuracy") == 0)
 
 
+def _all_actions(runs: Sequence[RunRecord]) -> list[Mapping[str, Any]]:
+    """The recorded training actions of all ``runs``, in order (none for a record made
+    before actions were kept)."""
+    return [a for r in runs for a in (r.actions or [])]
+
+
 def credit(runs: Sequence[RunRecord], agents: Sequence[str]) -> dict[str, Any] | None:
     """The arm's training actions over all its seeds against the oracle's verdicts
     (``mappa.experiment.credit``); None where no action carries a score and a verdict."""
-    rows = [a for r in runs for a in (r.actions or [])]
+    rows = _all_actions(runs)
     aucs = oracle_auc(rows, agents)
     if not any(a.right + a.wrong for a in aucs):
         return None
@@ -197,7 +203,7 @@ def tool_outcomes(runs: Sequence[RunRecord], agents: Sequence[str]) -> list[dict
     """The arm's training actions of each tool-using agent over all its seeds, by how the
     code run ended (``mappa.experiment.credit.by_tool_outcome``): what the reward paid a
     reply that ran no program against one whose program ran."""
-    rows = [a for r in runs for a in (r.actions or [])]
+    rows = _all_actions(runs)
     return [vars(t) for t in by_tool_outcome(rows, agents)]
 
 
